@@ -1,0 +1,23 @@
+"""Reading the live dispatcher: dispatch tables, call resolution, kernels per backend, keys."""
+
+from .kernels import kernels
+from .keys import KeyInfo, key_info, runtime_keys
+from .resolve import DispatchInput, Resolution, Skip, Step, resolve
+from .table import DispatchTable, OverloadTables, Registration, TableEntry, dispatch_table
+
+__all__ = [
+    "DispatchInput",
+    "DispatchTable",
+    "KeyInfo",
+    "OverloadTables",
+    "Registration",
+    "Resolution",
+    "Skip",
+    "Step",
+    "TableEntry",
+    "dispatch_table",
+    "kernels",
+    "key_info",
+    "resolve",
+    "runtime_keys",
+]

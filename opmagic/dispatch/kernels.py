@@ -1,0 +1,140 @@
+"""``kernels(namespace, keys)``: which kernels serve which keys, for many operators at once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..errors import OpmagicError
+from . import _torch
+from .keys import catalogue
+from .ops import op_ref
+from .sites import label_site
+from .table import _OpTable, _parse_computed, classify
+
+if TYPE_CHECKING:
+    import pandas
+
+DEFAULT_KEYS = (
+    "CPU",
+    "CUDA",
+    "Meta",
+    "SparseCPU",
+    "SparseCUDA",
+    "NestedTensorCPU",
+    "NestedTensorCUDA",
+    "QuantizedCPU",
+    "BackendSelect",
+    "Python",
+    "Functionalize",
+    "ADInplaceOrView",
+    "AutogradCPU",
+    "AutogradCUDA",
+    "AutocastCPU",
+    "AutocastCUDA",
+    "FuncTorchBatched",
+)
+LONG_COLUMNS = ["op", "overload", "key", "kind", "alias", "source"]
+
+
+def kernels(
+    namespace: str | None = None,
+    keys: Iterable[str] | str | None = None,
+    *,
+    wide: bool = False,
+) -> pandas.DataFrame:
+    """Kernels per dispatch key for every operator of a namespace (or of the whole process).
+
+    Long form (default): a row per (operator overload, key) that has an operator-specific
+    kernel: registered for the key, filled from an alias key (``alias`` says which), or a
+    fallthrough registered for the op. Process-wide fallbacks (fallthrough or not) and
+    missing kernels are left out.
+
+    ``wide=True``: a row per operator overload and a column per key, each cell the kind
+    that serves it (``kernel``, ``alias:CompositeExplicitAutograd``, ``autograd``,
+    ``fallback``, ``fallthrough``, ``missing``), e.g. ``df[df["Meta"].isin(["missing",
+    "fallback"])]`` lists ops without a Meta kernel.
+
+    ``keys``: runtime key names, ``"all"`` for every runtime key, or ``None`` for
+    :data:`DEFAULT_KEYS` (common backends, autograd, autocast, functorch and Python keys).
+    """
+    import pandas as pd
+
+    wanted = _keys(keys)
+    only = frozenset(wanted)
+    with_ceanf = set(_torch.registrations_for_key("CompositeExplicitAutogradNonFunctional"))
+    ceanf_sites: dict[str, str | None] = {}
+
+    def ceanf_site(name: str) -> str | None:
+        if name not in with_ceanf:
+            return None
+        if name not in ceanf_sites:
+            ceanf_sites[name] = _OpTable(op_ref(name)).alias_site(
+                "CompositeExplicitAutogradNonFunctional"
+            )
+        return ceanf_sites[name]
+
+    sites: dict[str, str] = {}
+    rows: list[tuple] = []
+    cells: list[list[str]] = []
+    for name in _op_names(namespace):
+        qualname, _, overload = name.partition(".")
+        computed = _parse_computed(_torch.dump_table(name), only)
+        if wide:
+            cells.append([qualname, overload or "default"])
+        for key in wanted:
+            found = computed.get(key)
+            if found is None:
+                if wide:
+                    cells[-1].append("missing")
+                continue
+            site, torch_kind, fallthrough = found
+            kind, alias, is_fallback = classify(
+                torch_kind, fallthrough, site, lambda n=name: ceanf_site(n)
+            )
+            if wide:
+                cells[-1].append(f"alias:{alias}" if kind == "alias" else kind)
+            elif not is_fallback:
+                if site not in sites:
+                    sites[site] = label_site(site)
+                rows.append((qualname, overload or "default", key, kind, alias, sites[site]))
+    if wide:
+        frame = pd.DataFrame(cells, columns=["op", "overload", *wanted])
+        return frame.set_index(["op", "overload"]).sort_index()
+    frame = pd.DataFrame(rows, columns=LONG_COLUMNS)
+    return frame.sort_values(["op", "overload", "key"], kind="stable").reset_index(drop=True)
+
+
+def _keys(keys: Iterable[str] | str | None) -> list[str]:
+    cat = catalogue()
+    if keys is None:
+        return [k for k in DEFAULT_KEYS if k in cat.by_name]
+    if isinstance(keys, str):
+        keys = [k.strip() for k in keys.split(",")] if keys != "all" else list(cat.by_name)
+    wanted = list(keys)
+    unknown = [k for k in wanted if k not in cat.by_name]
+    if unknown:
+        aliases = [k for k in unknown if k in cat.aliases]
+        hint = (
+            f" {', '.join(aliases)} {'is an alias key' if len(aliases) == 1 else 'are alias keys'}:"
+            " ask for the runtime keys it fills (e.g. CPU, AutogradCPU)."
+            if aliases
+            else " Runtime keys look like CPU, CUDA, Meta, AutogradCPU, AutocastCUDA, Python."
+        )
+        raise OpmagicError(f"Unknown dispatch key {', '.join(map(repr, unknown))}.{hint}")
+    return wanted
+
+
+def _op_names(namespace: str | None) -> list[str]:
+    names = _torch.all_op_names()
+    if namespace is None:
+        return sorted(names)
+    prefix = namespace.rstrip(":") + "::"
+    selected = sorted(n for n in names if n.startswith(prefix))
+    if not selected:
+        namespaces = sorted({n.split("::", 1)[0] for n in names})
+        raise OpmagicError(
+            f"No operators in namespace {namespace!r}. Namespaces with operators: "
+            f"{', '.join(namespaces)}."
+        )
+    return selected

@@ -1,0 +1,191 @@
+"""Turning whatever the user passes as an operator into a dispatcher name.
+
+Accepted: ``"ns::name"``, ``"ns::name.overload"``, ``"ns.name.overload"``,
+``"torch.ops.ns.name"``, an ``OpOverload``, an ``OpOverloadPacket`` or a ``CustomOpDef``.
+Unknown names raise :class:`~opmagic.errors.UnknownOperatorError` with close matches.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import NotAnOperatorError, UnknownOperatorError
+from . import _torch
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class OpRef:
+    """An operator the dispatcher knows: one overload, or a packet when ``overload`` is None."""
+
+    namespace: str
+    name: str
+    overload: str | None  # "" is the default overload; None means "not chosen yet"
+
+    @property
+    def qualname(self) -> str:
+        """``ns::name``."""
+        return f"{self.namespace}::{self.name}"
+
+    @property
+    def dispatcher_name(self) -> str:
+        """The name the dispatcher's debug APIs take: ``ns::name`` or ``ns::name.overload``."""
+        return self.qualname if not self.overload else f"{self.qualname}.{self.overload}"
+
+    def with_overload(self, overload: str) -> OpRef:
+        """The same operator with one overload chosen."""
+        return OpRef(self.namespace, self.name, overload)
+
+    def op_overload(self) -> torch._ops.OpOverload:
+        """The ``torch.ops`` object of this overload."""
+        packet = getattr(getattr(torch.ops, self.namespace), self.name)
+        return getattr(packet, self.overload or "default")
+
+    def __str__(self) -> str:
+        return self.dispatcher_name
+
+
+class _OpIndex:
+    """Overload names per ``ns::name``, rebuilt from the dispatcher whenever a lookup misses."""
+
+    def __init__(self) -> None:
+        self._overloads: dict[str, list[str]] = {}
+
+    def refresh(self) -> None:
+        overloads: dict[str, list[str]] = {}
+        for full in _torch.all_op_names():
+            qualname, _, overload = full.partition(".")
+            overloads.setdefault(qualname, []).append(overload)
+        for names in overloads.values():
+            names.sort(key=lambda o: (o != "", o))
+        self._overloads = overloads
+
+    def overloads(self, qualname: str) -> list[str]:
+        if qualname not in self._overloads:
+            self.refresh()
+        names = self._overloads.get(qualname, [])
+        if names and _torch.find_schema(qualname, names[0]) is None:  # removed since indexed
+            self.refresh()
+            names = self._overloads.get(qualname, [])
+        return list(names)
+
+    def qualnames(self) -> list[str]:
+        self.refresh()
+        return list(self._overloads)
+
+
+_index = _OpIndex()
+
+
+def all_qualnames() -> list[str]:
+    """Every ``ns::name`` the dispatcher knows right now."""
+    return _index.qualnames()
+
+
+def overloads_of(ref: OpRef) -> list[str]:
+    """Overload names of an operator (``""`` for the default one), default first."""
+    return _index.overloads(ref.qualname)
+
+
+def op_ref(op: Any) -> OpRef:
+    """Normalise any accepted operator spelling into an :class:`OpRef` that exists."""
+    ref = _parse(op)
+    known = _index.overloads(ref.qualname)
+    if not known:
+        raise UnknownOperatorError(_unknown_op_message(ref.qualname))
+    if ref.overload is not None and ref.overload not in known:
+        shown = ", ".join(_overload_label(o) for o in known)
+        raise UnknownOperatorError(
+            f"{ref.qualname} has no overload {ref.overload!r}; its overloads are: {shown}. "
+            f"Use '{ref.qualname}.<overload>' with one of them, or '{ref.qualname}' to let "
+            "opmagic pick the overload from the arguments."
+        )
+    return ref
+
+
+def _overload_label(overload: str) -> str:
+    return overload or "default"
+
+
+def _parse(op: Any) -> OpRef:
+    custom = getattr(op, "_opoverload", None)
+    if custom is not None and isinstance(custom, torch._ops.OpOverload):
+        op = custom
+    if isinstance(op, torch._ops.OpOverload):
+        namespace, name = op._schema.name.split("::", 1)
+        return OpRef(namespace, name, op._schema.overload_name)
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        namespace, name = op._qualified_op_name.split("::", 1)
+        return OpRef(namespace, name, None)
+    if isinstance(op, str):
+        return _parse_string(op)
+    raise NotAnOperatorError(_not_an_operator_message(op))
+
+
+def _parse_string(text: str) -> OpRef:
+    spec = text.strip().removeprefix("torch.ops.")
+    if "::" in spec:
+        namespace, rest = spec.split("::", 1)
+        name, dot, overload = rest.partition(".")
+        overload_part: str | None = overload if dot else None
+    else:
+        parts = spec.split(".")
+        if len(parts) not in (2, 3):
+            raise UnknownOperatorError(
+                f"{text!r} is not an operator name. Write 'namespace::name' or "
+                "'namespace::name.overload' (e.g. 'aten::add.Tensor', 'mylib::numpy_sin')."
+            )
+        namespace, name = parts[0], parts[1]
+        overload_part = parts[2] if len(parts) == 3 else None
+    if overload_part == "default":
+        overload_part = ""
+    for part, what in ((namespace, "namespace"), (name, "operator name")):
+        if not _IDENT.match(part):
+            raise UnknownOperatorError(
+                f"{text!r} is not an operator name: the {what} {part!r} is not a Python "
+                "identifier. Write 'namespace::name' or 'namespace::name.overload' "
+                "(e.g. 'aten::add.Tensor')."
+            )
+    if overload_part and not _IDENT.match(overload_part):
+        raise UnknownOperatorError(
+            f"{text!r} is not an operator name: the overload {overload_part!r} is not an "
+            "identifier."
+        )
+    return OpRef(namespace, name, overload_part)
+
+
+def _unknown_op_message(qualname: str) -> str:
+    candidates = _index.qualnames()
+    close = difflib.get_close_matches(qualname, candidates, n=5, cutoff=0.6)
+    namespace, _, name = qualname.partition("::")
+    if not close:  # same name in another namespace, e.g. "mylib::add" -> "aten::add"
+        close = [c for c in candidates if c.endswith(f"::{name}")][:5]
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    namespaces = {c.split("::", 1)[0] for c in candidates}
+    if namespace not in namespaces:
+        hint += (
+            f" No operator is registered in namespace {namespace!r}: define one first "
+            "(torch.library.custom_op, %%custom_op or %%torch_library) or check the spelling."
+        )
+    return f"Unknown operator {qualname!r}.{hint}"
+
+
+def _not_an_operator_message(op: Any) -> str:
+    kind = type(op).__name__
+    name = getattr(op, "__name__", None)
+    if callable(op) and name:
+        return (
+            f"Expected an operator, got the {kind} {name!r}. Pass the dispatcher operator "
+            f"instead: torch.ops.aten.{name} (or the string 'aten::{name}'), a torch.ops.ns.name "
+            "object, or the op returned by torch.library.custom_op."
+        )
+    return (
+        f"Expected an operator ('ns::name[.overload]', torch.ops.ns.name[.overload] or a custom "
+        f"op), got {kind} {op!r}."
+    )

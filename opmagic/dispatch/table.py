@@ -1,0 +1,395 @@
+"""``dispatch_table(op)``: what serves each runtime dispatch key of an operator.
+
+Read from the live dispatcher (``_dispatch_dump_table`` for the computed table,
+``_dispatch_dump`` for the raw registrations), then annotated with the key catalogue and,
+for ``torch.library.custom_op`` operators, with the user's Python functions behind each kernel.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import _torch
+from .keys import KeyCatalogue, KeyInfo, catalogue
+from .ops import OpRef, op_ref, overloads_of
+from .sites import label_callable, label_site
+
+if TYPE_CHECKING:
+    import pandas
+
+KINDS = ("kernel", "alias", "autograd", "fallback", "fallthrough", "ambiguous", "missing")
+KIND_TEXT = {
+    "kernel": "kernel registered for this key",
+    "alias": "kernel filled in from an alias key",
+    "autograd": "autograd kernel (from the Autograd alias)",
+    "fallback": "backend fallback (one kernel for every operator)",
+    "fallthrough": "fallthrough: the dispatcher skips this key",
+    "ambiguous": "ambiguous: CompositeImplicitAutograd plus a backend kernel (raises)",
+    "missing": "no kernel: a call that reaches this key fails",
+}
+
+# dumpComputedTable's labels -> (kind, alias that served it)
+_TORCH_KIND = {
+    "kernel": ("kernel", None),
+    "default backend kernel": ("alias", "CompositeExplicitAutograd"),
+    "math kernel": ("alias", "CompositeImplicitAutograd"),
+    "nested kernel": ("alias", "CompositeImplicitAutogradNestedTensor"),
+    "batched kernel": ("alias", "FuncTorchBatchedDecomposition"),
+    "autograd kernel": ("autograd", "Autograd"),
+    "backend fallback": ("fallback", None),
+    "ambiguous autogradother": ("ambiguous", None),
+}
+_REG_LINE = re.compile(
+    r"^(?P<key>\w+)(?P<alias>\[alias\])?(?P<inactive> \(inactive\))?: (?P<site>.*?)"
+    r"(?: :: (?P<sig>.*?))?(?: \[ (?P<flags>[\w ]+) \])?$"
+)
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    """What serves one runtime key of an operator's dispatch table."""
+
+    key: str
+    category: str
+    kind: str  # one of KINDS
+    alias: str | None  # the alias key that filled the slot ("alias"/"autograd" kinds)
+    site: str | None  # the registration site torch recorded ("registered at FILE:LINE")
+    explanation: str  # what the key is for (from the catalogue)
+    impl: str | None = None  # the Python function behind the kernel, when opmagic can tell
+    is_fallback: bool = False  # the kernel is the key's process-wide backend fallback
+
+    @property
+    def has_kernel(self) -> bool:
+        """Whether a call reaching this key runs something (not missing, not skipped)."""
+        return self.kind not in ("missing", "fallthrough")
+
+    @property
+    def source(self) -> str:
+        """Where the kernel came from, for display: the function, else the registration site."""
+        return self.impl or label_site(self.site)
+
+    @property
+    def kind_label(self) -> str:
+        """A short kind label for tables: ``kernel``, ``via Autograd``, ``fallback``, ..."""
+        if self.kind in ("alias", "autograd"):
+            return f"via {self.alias}"
+        if self.kind == "fallthrough":
+            return "fallthrough" if self.is_fallback else "fallthrough kernel"
+        if self.kind == "ambiguous":
+            return "ambiguous (raises)"
+        return self.kind
+
+    @property
+    def kind_text(self) -> str:
+        """One line on the kind, naming the alias when there is one."""
+        if self.kind == "alias":
+            return f"kernel from the {self.alias} alias"
+        if self.kind == "fallthrough":
+            return "fallthrough (backend fallback)" if self.is_fallback else "fallthrough (kernel)"
+        return KIND_TEXT[self.kind]
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One kernel registration as the user (or torch) made it, before alias resolution."""
+
+    key: str
+    is_alias: bool
+    site: str
+    active: bool  # False when a later registration to the same key overrides it
+    signature: str | None = None
+
+    @property
+    def source(self) -> str:
+        """Registration site shortened for display."""
+        return label_site(self.site)
+
+
+@dataclass(frozen=True)
+class DispatchTable:
+    """An operator's dispatch table: one entry per runtime key, in priority order."""
+
+    op: str  # "ns::name" or "ns::name.overload"
+    schema: str
+    entries: tuple[TableEntry, ...]
+    registrations: tuple[Registration, ...]
+    _by_key: dict[str, TableEntry] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._by_key.update({e.key: e for e in self.entries})
+
+    def __getitem__(self, key: str) -> TableEntry:
+        """The entry of one runtime key (``table["CPU"]``)."""
+        try:
+            return self._by_key[key]
+        except KeyError:
+            raise KeyError(
+                f"{key!r} is not a runtime dispatch key of this torch; alias keys such as "
+                "'Autograd' are resolved into runtime keys (look at table.registrations)."
+            ) from None
+
+    def entry(self, key: str) -> TableEntry:
+        """Same as ``table[key]``."""
+        return self[key]
+
+    def kernels(self) -> list[TableEntry]:
+        """Entries that run something: kernels, alias kernels, autograd kernels and fallbacks."""
+        return [e for e in self.entries if e.has_kernel]
+
+    def frame(self) -> pandas.DataFrame:
+        """The table as a DataFrame, a row per runtime key (missing keys included)."""
+        from ..view.frames import table_frame
+
+        return table_frame(self)
+
+    def __str__(self) -> str:
+        from ..view.text import table_text
+
+        return table_text(self)
+
+    def _repr_html_(self) -> str:
+        from ..view.html import table_html
+
+        return table_html(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self) if not cycle else f"DispatchTable({self.op})")
+
+
+@dataclass(frozen=True)
+class OverloadTables:
+    """The dispatch tables of every overload of one operator packet."""
+
+    op: str
+    tables: tuple[DispatchTable, ...]
+
+    def __getitem__(self, overload: str) -> DispatchTable:
+        """The table of one overload, by name (``"default"`` for the default one)."""
+        wanted = "" if overload == "default" else overload
+        for table in self.tables:
+            if table.op.partition(".")[2] == wanted:
+                return table
+        raise KeyError(f"{self.op} has no overload {overload!r}")
+
+    def __iter__(self):
+        return iter(self.tables)
+
+    def __len__(self) -> int:
+        return len(self.tables)
+
+    def __str__(self) -> str:
+        return "\n\n".join(str(t) for t in self.tables)
+
+    def _repr_html_(self) -> str:
+        return "".join(t._repr_html_() for t in self.tables)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self) if not cycle else f"OverloadTables({self.op})")
+
+
+def dispatch_table(op: Any, *, all_overloads: bool = False) -> DispatchTable | OverloadTables:
+    """The dispatch table of an operator.
+
+    ``op`` names one overload (``"aten::add.Tensor"``, an OpOverload, a custom op) or a
+    packet (``"aten::add"``, ``torch.ops.aten.add``). A packet gives its default overload's
+    table when it has one, else (or with ``all_overloads=True``) an :class:`OverloadTables`.
+    """
+    ref = op_ref(op)
+    if ref.overload is None:
+        overloads = overloads_of(ref)
+        if all_overloads or "" not in overloads:
+            return OverloadTables(
+                ref.qualname, tuple(table_for(ref.with_overload(o)) for o in overloads)
+            )
+        ref = ref.with_overload("")
+    return table_for(ref)
+
+
+def table_for(ref: OpRef) -> DispatchTable:
+    """The table of one resolved overload."""
+    optable = _OpTable(ref)
+    entries = [optable.entry(info.name) for info in catalogue().runtime]
+    entries.append(optable.entry("Undefined"))
+    return DispatchTable(
+        ref.dispatcher_name, optable.schema, tuple(entries), tuple(optable.registrations)
+    )
+
+
+class _OpTable:
+    """One overload's computed table, read once and turned into entries on demand.
+
+    ``resolve`` needs only the entries on its path and the fallthrough keys, so it uses this
+    directly instead of building every entry of a :class:`DispatchTable`.
+    """
+
+    def __init__(self, ref: OpRef) -> None:
+        self.ref = ref
+        self.schema_obj = _torch.find_schema(ref.qualname, ref.overload or "")
+        self.schema = str(self.schema_obj)
+        self._computed = _parse_computed(_torch.dump_table(ref.dispatcher_name))
+        self._registrations: list[Registration] | None = None
+        self._describe = _custom_op_describer(ref.qualname)
+        self._entries: dict[str, TableEntry] = {}
+
+    @property
+    def registrations(self) -> list[Registration]:
+        """The raw registrations (parsed on first use)."""
+        if self._registrations is None:
+            self._registrations = _parse_registrations(
+                _torch.dump_registrations(self.ref.dispatcher_name)
+            )
+        return self._registrations
+
+    def alias_site(self, alias: str) -> str | None:
+        """The site of the active kernel registered to an alias key, if there is one."""
+        for reg in self.registrations:
+            if reg.active and reg.is_alias and reg.key == alias:
+                return reg.site
+        return None
+
+    def has_alias_kernel(self, alias: str) -> bool:
+        """Whether a kernel is registered (and active) for an alias key."""
+        return self.alias_site(alias) is not None
+
+    def entry(self, key: str) -> TableEntry:
+        """The table entry of one runtime key (or ``Undefined``)."""
+        if key not in self._entries:
+            info = catalogue().info(key)
+            self._entries[key] = self._make_entry(info, self._computed.get(key))
+        return self._entries[key]
+
+    def fallthrough_mask(self, cat: KeyCatalogue, keyset: int) -> int:
+        """Functionality bits to drop for ``keyset``: the op's fallthrough keys for its backend.
+
+        Mirrors ``DispatchKeyExtractor::nonFallthroughKeysPerBackend_``: a per-backend key
+        (e.g. AutogradXLA) only counts when the keyset's backend is that backend.
+        """
+        backend = cat.backend_of(keyset)
+        mask = 0
+        for key, (_, _, fallthrough) in self._computed.items():
+            if not fallthrough or key not in cat.by_name:
+                continue
+            info = cat.by_name[key]
+            if info.backend is None or info.backend == backend:
+                mask |= info.raw & ~cat.backend_mask
+        return mask
+
+    def _make_entry(self, info: KeyInfo, computed: tuple[str, str, bool] | None) -> TableEntry:
+        if computed is None:
+            return TableEntry(info.name, info.category, "missing", None, None, info.explanation)
+        site, torch_kind, fallthrough = computed
+        kind, alias, is_fallback = classify(
+            torch_kind,
+            fallthrough,
+            site,
+            lambda: self.alias_site("CompositeExplicitAutogradNonFunctional"),
+        )
+        impl = self._describe(info, kind, site) if self._describe else None
+        return TableEntry(
+            info.name, info.category, kind, alias, site, info.explanation, impl, is_fallback
+        )
+
+
+def classify(
+    torch_kind: str, fallthrough: bool, site: str, ceanf_site: Callable[[], str | None]
+) -> tuple[str, str | None, bool]:
+    """``(kind, alias, is_fallback)`` of a computed entry from torch's label for it.
+
+    torch labels kernels from CompositeExplicitAutograd and from its NonFunctional variant
+    both "default backend kernel"; the registration site tells them apart.
+    """
+    kind, alias = _TORCH_KIND.get(torch_kind, ("kernel", None))
+    if alias == "CompositeExplicitAutograd" and ceanf_site() == site:
+        alias = "CompositeExplicitAutogradNonFunctional"
+    is_fallback = kind == "fallback"
+    return ("fallthrough" if fallthrough else kind), alias, is_fallback
+
+
+def _parse_computed(
+    text: str, only: set[str] | frozenset[str] | None = None
+) -> dict[str, tuple[str, str, bool]]:
+    """``key -> (site, torch's kind label, is_fallthrough)`` from ``_dispatch_dump_table``.
+
+    Lines read ``Key: [fallthrough ]registered at FILE:LINE [kind]``; parsed with string
+    methods, and only for the keys in ``only`` when given, because ``kernels()`` parses
+    every operator's table.
+    """
+    out = {}
+    for line in text.split("\n"):
+        key, _, rest = line.partition(": ")
+        if only is not None and key not in only:
+            continue
+        cut = rest.rfind(" [")
+        if cut < 0 or not rest.endswith("]"):
+            continue
+        site = rest[:cut]
+        fallthrough = site.startswith("fallthrough ")
+        out[key] = (site[12:] if fallthrough else site, rest[cut + 2 : -1], fallthrough)
+    return out
+
+
+def _parse_registrations(text: str) -> list[Registration]:
+    """Kernel registrations from ``_dispatch_dump`` (its header lines are skipped)."""
+    registrations = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.split(":", 1)[0] in ("name", "schema", "debug", "alias analysis kind"):
+            continue
+        match = _REG_LINE.match(line)
+        if match:
+            registrations.append(
+                Registration(
+                    match["key"],
+                    bool(match["alias"]),
+                    match["site"],
+                    not match["inactive"],
+                    match["sig"],
+                )
+            )
+    return registrations
+
+
+def _custom_op_describer(qualname: str) -> Any:
+    """For ``torch.library.custom_op`` ops: a function naming the user code behind an entry."""
+    opdef = _torch.custom_op_def(qualname)
+    if opdef is None:
+        return None
+    parts = _torch.custom_op_parts(opdef)
+
+    def describe(info: KeyInfo, kind: str, site: str) -> str | None:
+        if "custom_ops.py" not in site:
+            return None
+        if info.name == "Meta":
+            fake = parts["fake"]
+            return (
+                f"custom_op fake impl {label_callable(fake)}"
+                if fake is not None
+                else "custom_op fake impl: none registered (register_fake)"
+            )
+        if kind == "alias" or info.category == "backend":
+            device = (
+                info.backend.lower() if info.functionality == "Dense" and info.backend else None
+            )
+            fn = parts["device_kernels"].get(device) if kind == "kernel" else None
+            fn = fn or parts["device_kernels"].get(None) or parts["impl"]
+            return f"custom_op impl {label_callable(_torch.unwrap_custom_op_kernel(fn))}"
+        if info.category == "autograd":
+            backward = parts["backward"]
+            return (
+                f"custom_op backward {label_callable(backward)}"
+                if backward is not None
+                else "custom_op autograd without a backward (register_autograd)"
+            )
+        if info.name == "BackendSelect":
+            return "custom_op device router (picks the kernel from the device argument)"
+        if info.category == "autocast":
+            dtype = parts["autocast"].get(info.name.removeprefix("Autocast").lower())
+            return f"custom_op autocast rule (casts floating inputs to {dtype})"
+        if info.functionality == "FuncTorchBatched" and parts["vmap"] is not None:
+            return f"custom_op vmap rule {label_callable(parts['vmap'])}"
+        return None
+
+    return describe
