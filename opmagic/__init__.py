@@ -25,6 +25,21 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext opmagic``: register the magics (IPython is imported only now)."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: object) -> None:
+    """``%unload_ext opmagic``: remove the magics and what the session registered."""
+    from .magics import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
 __all__ = [
     "ArgumentsMismatchError",
     "DispatchTable",

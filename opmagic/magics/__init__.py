@@ -1,0 +1,29 @@
+"""The IPython front: ``%load_ext opmagic`` registers every opmagic magic.
+
+Each magic class lives in its own module here and is a thin front on a public opmagic
+function. IPython is imported only when the extension is loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# (module, class) of every Magics subclass the extension registers
+MAGIC_CLASSES: list[tuple[str, str]] = []
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register opmagic's magics with an IPython shell (``%load_ext opmagic``)."""
+    for module, name in MAGIC_CLASSES:
+        magics = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        ipython.register_magics(magics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Undo :func:`load_ipython_extension` (``%unload_ext opmagic``)."""
+    for module, name in MAGIC_CLASSES:
+        magics = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        for kind, names in magics.magics.items():
+            for magic_name in names:
+                ipython.magics_manager.magics[kind].pop(magic_name, None)
