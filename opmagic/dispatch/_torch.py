@@ -118,6 +118,18 @@ def unwrap_functorch(tensor: torch.Tensor) -> torch.Tensor:
     return _C._functorch.get_unwrapped(tensor)
 
 
+def grad_wrapper_level(tensor: torch.Tensor) -> int | None:
+    """The level of a torch.func.grad/jvp TensorWrapper, or ``None`` for other tensors."""
+    if not _C._functorch.is_gradtrackingtensor(tensor):
+        return None
+    return _C._functorch.maybe_get_level(tensor)
+
+
+def wrap_for_grad(tensor: torch.Tensor, level: int) -> torch.Tensor:
+    """A TensorWrapper at ``level`` around ``tensor``, as a grad/jvp layer makes for its inputs."""
+    return _C._functorch._wrap_for_grad(tensor, level)
+
+
 def is_grad_wrapper(tensor: torch.Tensor) -> bool:
     """Whether a tensor is a torch.func.grad/jvp TensorWrapper."""
     return _C._functorch.is_gradtrackingtensor(tensor)
@@ -197,9 +209,8 @@ def registered_fake_impl(qualname: str) -> Any | None:
     """The fake (abstract) impl registered for an operator with ``register_fake``, if any."""
     from torch._library import simple_registry
 
-    entry = simple_registry.singleton.find(qualname)
-    kernel = entry.fake_impl.kernel
-    return None if kernel is None else getattr(kernel, "func", kernel)
+    kernel = simple_registry.singleton.find(qualname).fake_impl.kernel
+    return None if kernel is None else unwrap_registered_function(getattr(kernel, "func", kernel))
 
 
 def registered_torch_dispatch_rule(qualname: str, mode_type: type) -> Any | None:
@@ -218,12 +229,20 @@ def py_kernel_keys(op_overload: Any) -> list[str]:
     ]
 
 
-def unwrap_custom_op_kernel(fn: Any) -> Any:
-    """The user's function inside the per-device wrapper ``CustomOpDef.register_kernel`` makes."""
+def unwrap_registered_function(fn: Any) -> Any:
+    """The user's function inside the wrappers torch.library puts around registered ones.
+
+    ``CustomOpDef.register_kernel`` keeps it in a closure cell named ``fn``,
+    ``register_fake`` in one named ``func``; ``functools.wraps`` chains are followed too.
+    """
     fn = inspect.unwrap(fn)
     code = getattr(fn, "__code__", None)
-    if code is not None and fn.__closure__ and "fn" in code.co_freevars:
-        return fn.__closure__[code.co_freevars.index("fn")].cell_contents
+    if code is None or not fn.__closure__:
+        return fn
+    for name in ("fn", "func"):
+        if name in code.co_freevars:
+            inner = fn.__closure__[code.co_freevars.index(name)].cell_contents
+            return unwrap_registered_function(inner) if callable(inner) else fn
     return fn
 
 

@@ -116,7 +116,8 @@ def _keys(keys: Iterable[str] | str | None) -> list[str]:
     if unknown:
         aliases = [k for k in unknown if k in cat.aliases]
         hint = (
-            f" {', '.join(aliases)} {'is an alias key' if len(aliases) == 1 else 'are alias keys'}:"
+            f" {', '.join(map(repr, aliases))} "
+            f"{'is an alias key' if len(aliases) == 1 else 'are alias keys'}:"
             " ask for the runtime keys it fills (e.g. CPU, AutogradCPU)."
             if aliases
             else " Runtime keys look like CPU, CUDA, Meta, AutogradCPU, AutocastCUDA, Python."

@@ -101,8 +101,10 @@ def op_ref(op: Any) -> OpRef:
         raise UnknownOperatorError(_unknown_op_message(ref.qualname))
     if ref.overload is not None and ref.overload not in known:
         shown = ", ".join(_overload_label(o) for o in known)
+        close = difflib.get_close_matches(ref.overload, known, n=1)
+        guess = f" Did you mean {close[0]!r}?" if close else ""
         raise UnknownOperatorError(
-            f"{ref.qualname} has no overload {ref.overload!r}; its overloads are: {shown}. "
+            f"{ref.qualname} has no overload {ref.overload!r}.{guess} Its overloads: {shown}. "
             f"Use '{ref.qualname}.<overload>' with one of them, or '{ref.qualname}' to let "
             "opmagic pick the overload from the arguments."
         )

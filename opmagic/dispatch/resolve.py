@@ -646,7 +646,18 @@ class _Simulator:
         return _Kernel("python", f"continues in Python: {where}; what runs next is up to it")
 
     def _fake_mode(self, mode_name: str, exclude: int) -> _Kernel:
-        fake = _torch.registered_fake_impl(self.ref.qualname)
+        if self.custom_op is not None:  # custom_op registers its own fake-impl wrapper
+            fake = self.custom_op["fake"]
+            if fake is None:
+                if _torch.custom_op_can_fake_trivially(self.ref.op_overload()):
+                    return _Kernel(
+                        "python",
+                        f"continues in Python: {mode_name} runs custom_op's generated fake impl "
+                        "(the op returns nothing)",
+                    )
+                return _Kernel("error", _no_fake_message(str(self.ref)))
+        else:
+            fake = _torch.registered_fake_impl(self.ref.qualname)
         if fake is not None:
             return _Kernel(
                 "python",
@@ -702,11 +713,20 @@ class _Simulator:
         state = self.state
         state.saved_tls.append((state.included, state.excluded))
         include = cat.functionality_raw("FuncTorchVmapMode") if transform == "Vmap" else 0
+        args = None
+        if transform in ("Grad", "Jvp"):  # materializeGradWrappers: every input gets wrapped
+            args = [
+                v
+                if _torch.grad_wrapper_level(v.tensor) == level
+                else _Val.of(v.name, _torch.wrap_for_grad(v.tensor, level))
+                for v in state.args
+            ]
         return _Kernel(
             "call",
             f"enters the innermost torch.func transform ({transform.lower()}, level {level}): "
             "only its keys stay on, then it calls the op again",
             tls=(state.included | include, cat.minus(state.excluded | dynamic_layer_keys, own)),
+            args=args,
         )
 
     def _batched(self, key: str, entry: TableEntry, keyset: int) -> _Kernel:

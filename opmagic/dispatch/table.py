@@ -375,7 +375,7 @@ def _custom_op_describer(qualname: str) -> Any:
             )
             fn = parts["device_kernels"].get(device) if kind == "kernel" else None
             fn = fn or parts["device_kernels"].get(None) or parts["impl"]
-            return f"custom_op impl {label_callable(_torch.unwrap_custom_op_kernel(fn))}"
+            return f"custom_op impl {label_callable(_torch.unwrap_registered_function(fn))}"
         if info.category == "autograd":
             backward = parts["backward"]
             return (

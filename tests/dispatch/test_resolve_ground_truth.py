@@ -102,6 +102,11 @@ def _vmap_nested(body, inputs):
     return torch.vmap(torch.vmap(body))(*[t.unsqueeze(0).unsqueeze(0) for t in inputs])
 
 
+def _grad(body, inputs):
+    first, *rest = inputs
+    return torch.func.grad(lambda x: body(x, *rest).sum())(first)
+
+
 def _functionalize(body, inputs):
     return torch.func.functionalize(body)(*inputs)
 
@@ -142,6 +147,7 @@ CONTEXTS: dict[str, Context] = {
     "FakeTensorMode": _fake,
     "vmap": _vmap,
     "vmap_nested": _vmap_nested,
+    "grad": _grad,
     "functionalize": _functionalize,
     "cpp_functionalization": _cpp_functionalization,
     "subclass": _subclass,

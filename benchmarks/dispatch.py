@@ -1,0 +1,103 @@
+"""Timings of the dispatch engine against baselines measured in the same run.
+
+    python benchmarks/dispatch.py
+
+Targets (issue 2): dispatch_table(op) median <= 5 ms; resolve() of a 2-tensor call median
+<= 1 ms; kernels() over every op <= 0.5 s. Baselines: torch's raw dump calls for one op,
+running the call itself, and dumping + regex-parsing every op's table (the naive way).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import opmagic
+from opmagic.dispatch import _torch
+
+
+def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 3) -> float:
+    """Median wall time of ``fn()`` over ``repeat`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+_LINE = re.compile(r"^(\w+): (fallthrough )?(.*) \[([^\]]+)\]$")
+
+
+def naive_all_tables() -> dict[str, dict[str, tuple[str, ...]]]:
+    """The baseline for kernels(): dump every op's table and regex-parse every line."""
+    out = {}
+    for name in _torch.all_op_names():
+        rows = {}
+        for line in _torch.dump_table(name).splitlines():
+            match = _LINE.match(line)
+            if match:
+                rows[match[1]] = match.groups()
+        out[name] = rows
+    return out
+
+
+def report(name: str, seconds: float, target: float, baseline_name: str, baseline: float) -> bool:
+    """Print one figure, its target and its ratio to the baseline; True when on target."""
+    ok = seconds <= target
+    print(
+        f"{name:<34} {seconds * 1e3:9.3f} ms  (target <= {target * 1e3:g} ms: "
+        f"{'PASS' if ok else 'FAIL'})  vs {baseline_name}: {baseline * 1e3:.3f} ms, "
+        f"ratio {seconds / baseline:.2f}x"
+    )
+    return ok
+
+
+def main() -> int:
+    """Run every benchmark; exit status 1 when a target is missed."""
+    print(f"torch {torch.__version__}, {len(_torch.all_op_names())} operators\n")
+    x, y = torch.randn(64, 64, requires_grad=True), torch.randn(64, 64)
+    results = []
+
+    for op in ("aten::add.Tensor", "aten::native_layer_norm"):
+        table = median_seconds(lambda op=op: opmagic.dispatch_table(op), repeat=200)
+        raw = median_seconds(
+            lambda op=op: (_torch.dump_table(op), _torch.dump_registrations(op)), repeat=200
+        )
+        results.append(report(f"dispatch_table({op})", table, 5e-3, "torch's two raw dumps", raw))
+
+    add = torch.ops.aten.add.Tensor
+    resolved = median_seconds(lambda: opmagic.resolve(add, x, y), repeat=500)
+    called = median_seconds(lambda: add(x, y), repeat=500)
+    results.append(
+        report("resolve(aten::add.Tensor, x, y)", resolved, 1e-3, "running the call", called)
+    )
+    with torch.autocast("cpu"):
+        resolved = median_seconds(lambda: opmagic.resolve(torch.ops.aten.mm, x, y), repeat=300)
+        called = median_seconds(lambda: torch.ops.aten.mm(x, y), repeat=300)
+    results.append(
+        report("resolve(aten::mm) under autocast", resolved, 1e-3, "running the call", called)
+    )
+
+    all_kernels = median_seconds(opmagic.kernels, repeat=5, warmup=1)
+    naive = median_seconds(naive_all_tables, repeat=5, warmup=1)
+    results.append(
+        report("kernels() over every op", all_kernels, 0.5, "dump + regex-parse every table", naive)
+    )
+    wide = median_seconds(lambda: opmagic.kernels(wide=True), repeat=5, warmup=1)
+    results.append(
+        report(
+            "kernels(wide=True) over every op", wide, 0.5, "dump + regex-parse every table", naive
+        )
+    )
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""kernels(): long and wide views agree with each operator's dispatch table."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from opmagic import OpmagicError, dispatch_table, kernels
+from opmagic.dispatch.kernels import DEFAULT_KEYS, LONG_COLUMNS
+
+
+def _alias(value: object) -> str | None:
+    """The alias column holds a name or pandas' missing value."""
+    return None if pd.isna(value) else value
+
+
+@pytest.fixture(scope="module")
+def namespace():
+    """A namespace with one op per situation the views must tell apart."""
+
+    @torch.library.custom_op("opmagic_test_kernels::full", mutates_args=())
+    def full(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @full.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    lib = torch.library.Library("opmagic_test_kernels", "FRAGMENT")
+    lib.define("cpu_only(Tensor x) -> Tensor")
+    lib.impl("cpu_only", lambda x: x.clone(), "CPU")
+    lib.define("decomposed(Tensor x) -> Tensor")
+    lib.impl("decomposed", lambda x: x * 2, "CompositeImplicitAutograd")
+    yield "opmagic_test_kernels"
+    lib._destroy()
+    full._lib._destroy()
+
+
+def test_long_form_rows(namespace):
+    frame = kernels(namespace, ["CPU", "Meta", "AutogradCPU"])
+    assert list(frame.columns) == LONG_COLUMNS
+    rows = {(r.op, r.key): (r.kind, _alias(r.alias)) for r in frame.itertuples()}
+    assert rows[("opmagic_test_kernels::cpu_only", "CPU")] == ("kernel", None)
+    assert ("opmagic_test_kernels::cpu_only", "Meta") not in rows  # the fallback is not listed
+    assert rows[("opmagic_test_kernels::full", "CPU")] == ("alias", "CompositeExplicitAutograd")
+    assert rows[("opmagic_test_kernels::full", "Meta")] == ("kernel", None)
+    assert rows[("opmagic_test_kernels::decomposed", "AutogradCPU")] == (
+        "alias",
+        "CompositeImplicitAutograd",
+    )
+    assert set(frame["overload"]) == {"default"}
+
+
+def test_wide_form_finds_ops_without_a_meta_kernel(namespace):
+    wide = kernels(namespace, ["CPU", "Meta", "AutogradCPU"], wide=True)
+    assert wide.index.names == ["op", "overload"]
+    lacking = wide[wide["Meta"].isin(["missing", "fallback"])].index.get_level_values("op")
+    assert list(lacking) == ["opmagic_test_kernels::cpu_only"]
+    autograd = wide["AutogradCPU"].to_dict()
+    assert autograd[("opmagic_test_kernels::cpu_only", "default")] == "fallback"
+    assert autograd[("opmagic_test_kernels::full", "default")] == "autograd"
+
+
+def test_agrees_with_dispatch_table_for_aten_ops():
+    frame = kernels("aten", ["CPU", "CUDA", "AutogradCPU", "ADInplaceOrView"])
+    sample = frame[frame["op"].isin(["aten::add", "aten::mul", "aten::view", "aten::sin"])]
+    assert len(sample) > 10
+    for row in sample.itertuples():
+        name = row.op if row.overload == "default" else f"{row.op}.{row.overload}"
+        entry = dispatch_table(name)[row.key]
+        assert (row.kind, _alias(row.alias)) == (entry.kind, entry.alias), row
+
+
+def test_all_ops_and_default_keys():
+    frame = kernels()
+    assert frame["op"].str.startswith("aten::").sum() > 1000
+    assert set(frame["key"]) <= set(DEFAULT_KEYS)
+    assert len(kernels("aten", "all", wide=True).columns) > 130
+
+
+def test_unknown_namespace_and_keys_are_explained():
+    with pytest.raises(OpmagicError, match=r"No operators in namespace 'nosuchns'.*aten"):
+        kernels("nosuchns")
+    with pytest.raises(OpmagicError, match="'Autograd' is an alias key"):
+        kernels("aten", ["Autograd"])
+    with pytest.raises(OpmagicError, match="Unknown dispatch key 'CPUU'"):
+        kernels("aten", "CPUU")

@@ -1,0 +1,89 @@
+"""The key catalogue against the live dispatcher: names, order, keyset algebra, words."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from opmagic import key_info, runtime_keys
+from opmagic.dispatch import _torch
+from opmagic.dispatch.keys import CATEGORIES, catalogue
+
+C = torch._C
+
+
+def test_every_runtime_key_of_this_torch_is_catalogued_with_words():
+    names = {k.name for k in runtime_keys()}
+    assert names == set(_torch.keyset_names(_torch.full_keyset_raw()))
+    for info in runtime_keys():
+        assert info.category in CATEGORIES, info
+        assert "No description" not in info.explanation, f"{info.name} needs an explanation"
+        assert len(info.explanation) > 20
+
+
+def test_priority_order_is_the_dispatchers():
+    """Of two keys, torch picks the one the catalogue lists first.
+
+    Two per-backend keys of different backends combine into a third key (NestedTensorCPU
+    with SparseCsrMeta gives NestedTensorMeta), so those pairs are not orderable and skipped.
+    """
+    ordered = runtime_keys()
+    rng = random.Random(1)
+    pairs = list(itertools.pairwise(ordered))
+    pairs += [tuple(sorted(rng.sample(ordered, 2), key=lambda k: k.priority)) for _ in range(3000)]
+    for higher, lower in pairs:
+        if higher.backend and lower.backend and higher.backend != lower.backend:
+            continue
+        picked = C.DispatchKeySet.from_raw_repr(higher.raw | lower.raw).highestPriorityTypeId()
+        assert C._dispatch_key_name(picked) == higher.name, (higher.name, lower.name)
+
+
+def test_names_and_highest_match_torch_on_random_keysets():
+    cat = catalogue()
+    rng = random.Random(0)
+    full = _torch.full_keyset_raw()
+    for _ in range(3000):
+        raw = rng.getrandbits(64) & rng.getrandbits(64) & full
+        assert set(cat.names(raw)) == set(_torch.keyset_names(raw))
+        torch_pick = C._dispatch_key_name(
+            C.DispatchKeySet.from_raw_repr(raw).highestPriorityTypeId()
+        )
+        assert (cat.highest(raw) or "Undefined") == torch_pick
+
+
+@pytest.mark.parametrize(
+    "name", ["AutogradCPU", "ADInplaceOrView", "Python", "BackendSelect", "Conjugate", "CPU"]
+)
+def test_full_after_and_minus_follow_dispatch_key_set(name):
+    cat = catalogue()
+    key = C._parse_dispatch_key(name)
+    assert cat.full_after(name) == C._dispatch_keyset_full_after(key).raw_repr()
+    tensor_keys = C._dispatch_keys(torch.randn(2))
+    expected = (tensor_keys - C.DispatchKeySet(key)).raw_repr()
+    assert cat.minus(tensor_keys.raw_repr(), C.DispatchKeySet(key).raw_repr()) == expected
+
+
+def test_per_backend_keys_carry_functionality_and_backend():
+    info = key_info("AutogradCUDA")
+    assert (info.functionality, info.backend, info.category) == (
+        "AutogradFunctionality",
+        "CUDA",
+        "autograd",
+    )
+    assert key_info("SparseMeta").backend == "Meta"
+    assert key_info("Python").backend is None
+
+
+def test_alias_keys_and_undefined_are_described():
+    for alias in ("Autograd", "CompositeImplicitAutograd", "CompositeExplicitAutograd"):
+        info = key_info(alias)
+        assert info.is_alias and info.priority == -1 and info.explanation
+    assert "without tensor inputs" in key_info("Undefined").explanation
+
+
+def test_unknown_key_name_raises_key_error():
+    with pytest.raises(KeyError):
+        key_info("NotAKey")

@@ -1,0 +1,92 @@
+"""Operator spellings accepted everywhere, and the errors for the ones that are not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opmagic import NotAnOperatorError, UnknownOperatorError
+from opmagic.dispatch.ops import OpRef, op_ref, overloads_of
+
+
+@pytest.mark.parametrize(
+    ("spelling", "expected"),
+    [
+        ("aten::add.Tensor", OpRef("aten", "add", "Tensor")),
+        ("aten::add", OpRef("aten", "add", None)),
+        ("aten.add.Tensor", OpRef("aten", "add", "Tensor")),
+        ("torch.ops.aten.add.Tensor", OpRef("aten", "add", "Tensor")),
+        ("aten::sin.default", OpRef("aten", "sin", "")),
+        (" aten::mm ", OpRef("aten", "mm", None)),
+        (torch.ops.aten.add.Tensor, OpRef("aten", "add", "Tensor")),
+        (torch.ops.aten.add, OpRef("aten", "add", None)),
+        (torch.ops.aten.sin.default, OpRef("aten", "sin", "")),
+    ],
+)
+def test_spellings(spelling, expected):
+    assert op_ref(spelling) == expected
+
+
+def test_custom_op_def_names_its_overload():
+    @torch.library.custom_op("opmagic_test_ops::twice", mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    try:
+        ref = op_ref(twice)
+        assert ref == OpRef("opmagic_test_ops", "twice", "")
+        assert ref.dispatcher_name == "opmagic_test_ops::twice"
+        assert ref.op_overload() is torch.ops.opmagic_test_ops.twice.default
+    finally:
+        twice._lib._destroy()
+
+
+def test_overloads_default_first():
+    names = overloads_of(OpRef("aten", "sum", None))
+    assert names[0] == "" and "dim_IntList" in names
+
+
+def test_unknown_op_suggests_close_matches():
+    with pytest.raises(UnknownOperatorError, match=r"Did you mean: .*aten::add"):
+        op_ref("aten::addd")
+
+
+def test_unknown_namespace_says_so():
+    with pytest.raises(UnknownOperatorError, match="No operator is registered in namespace 'nope'"):
+        op_ref("nope::thing")
+
+
+def test_unknown_overload_lists_the_real_ones():
+    with pytest.raises(
+        UnknownOperatorError,
+        match=r"no overload 'Tensr'.*Did you mean 'Tensor'.*Scalar, Scalar_out, Tensor, out",
+    ):
+        op_ref("aten::add.Tensr")
+
+
+@pytest.mark.parametrize("text", ["add", "a.b.c.d", "", "aten::1bad", "aten::add.ov-er"])
+def test_strings_that_are_not_op_names(text):
+    with pytest.raises(UnknownOperatorError, match=r"not an operator name|Unknown operator"):
+        op_ref(text)
+
+
+def test_python_function_is_not_an_operator_and_the_message_says_what_to_pass():
+    with pytest.raises(NotAnOperatorError, match=r"torch\.ops\.aten\.add"):
+        op_ref(torch.add)
+
+
+def test_other_objects_are_not_operators():
+    with pytest.raises(NotAnOperatorError, match="Expected an operator"):
+        op_ref(42)
+
+
+def test_index_sees_ops_defined_after_first_lookup():
+    op_ref("aten::add")  # builds the index
+    lib = torch.library.Library("opmagic_test_late", "DEF")
+    try:
+        lib.define("fresh(Tensor x) -> Tensor")
+        assert op_ref("opmagic_test_late::fresh") == OpRef("opmagic_test_late", "fresh", None)
+    finally:
+        lib._destroy()
+    with pytest.raises(UnknownOperatorError):
+        op_ref("opmagic_test_late::fresh")

@@ -1,0 +1,84 @@
+"""``python -m opmagic`` in a real subprocess, as a terminal user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "opmagic", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_table():
+    result = run_cli("table", "aten::add.Tensor")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("aten::add.Tensor(Tensor self")
+    assert "AutogradNestedTensor" in result.stdout and "other keys have no kernel" in result.stdout
+    full = run_cli("table", "aten::add.Tensor", "--all")
+    assert "TESTING_ONLY_GenericMode" in full.stdout and "missing" in full.stdout
+
+
+def test_table_of_a_packet_without_default_lists_every_overload():
+    result = run_cli("table", "aten::add")
+    assert result.returncode == 0
+    assert "aten::add.Scalar(" in result.stdout and "aten::add.Tensor(" in result.stdout
+
+
+def test_resolve_with_contexts():
+    args = "torch.randn(2, 3, requires_grad=True), torch.randn(3, 4)"
+    plain = run_cli("resolve", "aten::mm", "--args", args)
+    assert plain.returncode == 0, plain.stderr
+    assert "path: AutogradCPU -> CPU" in plain.stdout
+    autocast = run_cli("resolve", "aten::mm", "--args", args, "--autocast", "cpu")
+    assert "path: AutocastCPU -> AutogradCPU -> CPU" in autocast.stdout
+    inference = run_cli("resolve", "aten::mm", "--args", args, "--inference-mode")
+    assert "path: CPU" in inference.stdout and "inference_mode on" in inference.stdout
+    kwargs = run_cli(
+        "resolve",
+        "aten::add.Tensor",
+        "--args",
+        "torch.ones(1), torch.ones(1)",
+        "--kwargs",
+        "dict(alpha=2)",
+        "--no-grad",
+    )
+    assert "no_grad" in kwargs.stdout
+
+
+def test_kernels_long_and_wide():
+    long = run_cli("kernels", "--namespace", "aten", "--key", "Meta")
+    assert long.returncode == 0 and "aten::add" in long.stdout and "Meta" in long.stdout
+    wide = run_cli("kernels", "-n", "aten", "-k", "CPU", "-k", "Meta", "--wide")
+    assert "overload" in wide.stdout and "fallback" in wide.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("table", "aten::addd"), "Unknown operator 'aten::addd'. Did you mean"),
+        (("resolve", "aten::mm", "--args", "torch.nope()"), "could not evaluate --args"),
+        (("resolve", "aten::mm", "--args", "1, 2"), "No overload of aten::mm accepts"),
+        (("resolve", "aten::mm", "--kwargs", "[1]"), "--kwargs must evaluate to a dict"),
+        (("kernels", "-n", "nosuchns"), "No operators in namespace 'nosuchns'"),
+        (("kernels", "-k", "Autograd"), "'Autograd' is an alias key"),
+    ],
+)
+def test_errors_are_one_line_on_stderr_with_status_2(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr

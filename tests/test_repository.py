@@ -1,0 +1,34 @@
+"""The repository keeps its promises: CI runs the README's test command; ruff config holds."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_test_command() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("Run the tests", 1)[1]
+    return re.search(r"```bash\n(.+?)\n```", section, re.S).group(1).strip()
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci_lines = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert ci_lines[-1] == _readme_test_command()
+
+
+def test_ci_installs_torch_before_the_project():
+    text = (ROOT / ".ci" / "run").read_text()
+    assert text.index("torch==2.13.0") < text.index('-e ".[test]"')
+
+
+def test_readme_documents_every_cli_command():
+    readme = (ROOT / "README.md").read_text()
+    for command in ("table", "resolve", "kernels"):
+        assert f"python -m opmagic {command}" in readme
