@@ -18,7 +18,11 @@ import torch
 from torch.library import Library
 
 NAMESPACE = "opmagic_probe"
-TERMINAL_ALIASES = ("CompositeExplicitAutograd", "CompositeImplicitAutograd")
+TERMINAL_ALIASES = (
+    "CompositeExplicitAutograd",
+    "CompositeImplicitAutograd",
+    "CompositeImplicitAutogradNestedTensor",
+)
 _counter = itertools.count()
 
 
@@ -54,7 +58,7 @@ def _is_terminal(key: str) -> bool:
 def _result_like(args: Sequence[Any]) -> Any:
     for value in args:
         if isinstance(value, torch.Tensor):
-            return value.new_empty(()) if value.is_nested else torch.empty_like(value)
+            return torch.empty(()) if value.is_nested else torch.empty_like(value)
         if isinstance(value, (list, tuple)):
             for item in value:
                 if isinstance(item, torch.Tensor):

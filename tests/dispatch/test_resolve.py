@@ -246,3 +246,18 @@ def test_text_and_html_forms():
     text = str(r)
     assert "path: AutogradCPU -> CPU" in text and "skipped AutocastCPU" in text
     assert "<ol>" in r._repr_html_() and "AutogradCPU &rarr; CPU" in r._repr_html_()
+
+
+def test_python_dispatcher_comes_first_and_hands_on_the_rest_of_the_path():
+    """Under enable_python_dispatcher, probes cannot tell their runtime key (the Python
+    dispatcher calls Python kernels with its own keyset), so this is checked directly."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    x = torch.randn(2, requires_grad=True)
+    plain = resolve("aten::add", x, x)
+    with enable_python_dispatcher():
+        routed = resolve("aten::add", x, x)
+        torch.ops.aten.add(x, x)  # the real call works under the same state
+    assert routed.path == ("PythonDispatcher", *plain.path)
+    assert "Python dispatcher enabled" in routed.context
+    assert "torch._ops" in routed.steps[0].note
