@@ -16,6 +16,7 @@ from .dispatch import (
     resolve,
     runtime_keys,
 )
+from .dispatch.contexts import CallContext
 from .errors import (
     ArgumentsMismatchError,
     NotAnOperatorError,
@@ -42,6 +43,7 @@ def unload_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "ArgumentsMismatchError",
+    "CallContext",
     "DispatchTable",
     "KeyInfo",
     "NotAnOperatorError",
