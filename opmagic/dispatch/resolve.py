@@ -107,10 +107,11 @@ class Resolution:
 
         return resolution_text(self)
 
-    def _repr_html_(self) -> str:
-        from ..view.html import resolution_html
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """Notebook display: the path diagram (SVG) plus the text form."""
+        from ..view.graph import resolution_diagram
 
-        return resolution_html(self)
+        return resolution_diagram(self)._repr_mimebundle_(include, exclude)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self) if not cycle else f"Resolution({self.op})")

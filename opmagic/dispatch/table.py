@@ -150,10 +150,11 @@ class DispatchTable:
 
         return table_text(self)
 
-    def _repr_html_(self) -> str:
-        from ..view.html import table_html
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """Notebook display: the diagram (SVG) plus the text form."""
+        from ..view.graph import table_diagram
 
-        return table_html(self)
+        return table_diagram(self)._repr_mimebundle_(include, exclude)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self) if not cycle else f"DispatchTable({self.op})")
@@ -183,8 +184,11 @@ class OverloadTables:
     def __str__(self) -> str:
         return "\n\n".join(str(t) for t in self.tables)
 
-    def _repr_html_(self) -> str:
-        return "".join(t._repr_html_() for t in self.tables)
+    def _ipython_display_(self) -> None:
+        """Notebook display: each overload's table as its own output."""
+        from ..view.graph import display_each
+
+        display_each(self.tables)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self) if not cycle else f"OverloadTables({self.op})")
