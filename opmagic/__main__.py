@@ -90,7 +90,6 @@ def _evaluate(expression: str, what: str) -> Any:
 
 def _table(options: argparse.Namespace) -> str:
     from .dispatch import dispatch_table
-    from .view.graph import table_diagram
     from .view.text import table_text
 
     result = dispatch_table(options.op)
@@ -99,13 +98,11 @@ def _table(options: argparse.Namespace) -> str:
         raise OpmagicError(
             f"{options.op} has {len(tables)} overloads; name one for --svg, e.g. {tables[0].op}"
         )
-    _write_svg(options.svg, table_diagram(tables[0], show_all=options.all))
+    _write_svg(options.svg, tables[0].diagram(show_all=options.all))
     return "\n\n".join(table_text(t, include_missing=options.all) for t in tables)
 
 
 def _resolve(options: argparse.Namespace) -> str:
-    from .view.graph import resolution_diagram
-
     args = _evaluate(options.args, "--args") if options.args.strip() else ()
     if not isinstance(args, tuple):
         args = (args,)
@@ -113,7 +110,7 @@ def _resolve(options: argparse.Namespace) -> str:
     if not isinstance(kwargs, dict):
         raise OpmagicError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
     resolution = CallContext.from_options(options).resolve(options.op, *args, **kwargs)
-    _write_svg(options.svg, resolution_diagram(resolution, show_all=options.all))
+    _write_svg(options.svg, resolution.diagram(show_all=options.all))
     return str(resolution)
 
 

@@ -20,6 +20,8 @@ from .sites import label_callable, label_site
 if TYPE_CHECKING:
     import pandas
 
+    from ..view.graph import Diagram
+
 KINDS = ("kernel", "alias", "autograd", "fallback", "fallthrough", "ambiguous", "missing")
 KIND_TEXT = {
     "kernel": "kernel registered for this key",
@@ -150,11 +152,16 @@ class DispatchTable:
 
         return table_text(self)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        """Notebook display: the diagram (SVG) plus the text form."""
+    def diagram(self, show_all: bool = False) -> Diagram:
+        """The table as a Graphviz diagram; ``show_all`` draws keys without a kernel of the
+        op's own (fallbacks, fallthroughs, missing) too."""
         from ..view.graph import table_diagram
 
-        return table_diagram(self)._repr_mimebundle_(include, exclude)
+        return table_diagram(self, show_all)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """Notebook display: the diagram (SVG) plus the text form."""
+        return self.diagram()._repr_mimebundle_(include, exclude)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self) if not cycle else f"DispatchTable({self.op})")

@@ -18,7 +18,7 @@ from ..dispatch import Resolution, kernels
 from ..dispatch.contexts import CONTEXT_ARGUMENTS, CallContext
 from ..errors import OpmagicError
 from ..view.frames import KernelsView
-from ..view.graph import Diagram, resolution_diagram
+from ..view.graph import Diagram
 
 _VALUED_OPTIONS = {flags[0] for flags, spec in CONTEXT_ARGUMENTS if "metavar" in spec}
 _CALL_EXAMPLE = "%dispatch torch.ops.aten.add(x, y)"
@@ -64,7 +64,7 @@ class ViewMagics(Magics):
             resolution = CallContext.from_options(options).resolve(op, *args, **kwargs)
         except OpmagicError as exc:
             raise UsageError(str(exc)) from exc
-        return resolution_diagram(resolution, show_all=True) if options.all else resolution
+        return resolution.diagram(show_all=True) if options.all else resolution
 
     @magic_arguments()
     @argument("namespace", nargs="?", help="only operators of this namespace, e.g. aten or mylib")

@@ -20,7 +20,6 @@ import ipywidgets as widgets
 from ..errors import OpmagicError
 from .explorer import ExplorerModel, find_ops, namespaces
 from .frames import op_kernels_frame, style_kinds
-from .graph import resolution_diagram, table_diagram
 from .html import resolution_html
 from .samples import DTYPES, LAYOUTS, VIEWS, ArgumentSlot, devices
 
@@ -195,7 +194,7 @@ class Explorer:
         if outcome.resolution is None:
             self._show_message(outcome.message or "")
             return
-        svg = resolution_diagram(outcome.resolution, self.model.show_all).svg()
+        svg = outcome.resolution.diagram(self.model.show_all).svg()
         self.path_view.value = svg
         self.steps_view.value = resolution_html(outcome.resolution)
         self.message.value = ""
@@ -248,7 +247,7 @@ class Explorer:
         if table is None:
             self.table_view.value = self.kernels_view.value = ""
             return
-        self.table_view.value = table_diagram(table, self.model.show_all).svg()
+        self.table_view.value = table.diagram(self.model.show_all).svg()
         self.kernels_view.value = style_kinds(op_kernels_frame(table)).to_html()
 
 
