@@ -9,6 +9,7 @@ by building the inputs and resolving inside the contexts. Bad input never raises
 from __future__ import annotations
 
 import difflib
+import functools
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -72,6 +73,17 @@ def _match_rank(query: str, short_query: str, name: str, close: bool) -> int | N
         return 3
     letters = iter(short)
     return 4 if all(char in letters for char in short_query) else None
+
+
+@functools.cache
+def warm_up() -> None:
+    """Pay torch's one-time lazy imports now, once per process: the first meta tensor and
+    the first FakeTensorMode/vmap take about 1.5 s together, which would otherwise land on
+    the first change of an input or toggle instead of the explorer's opening."""
+    import torch
+
+    meta = torch.randn(1, 1, device="meta")
+    CallContext(vmap=True, fake=True, logging=True).resolve("aten::mul.Tensor", meta, meta)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from ..errors import OpmagicError
-from .explorer import ExplorerModel, find_ops, namespaces
+from .explorer import ExplorerModel, find_ops, namespaces, warm_up
 from .frames import op_kernels_frame, style_kinds
 from .html import resolution_html
 from .samples import DTYPES, LAYOUTS, VIEWS, ArgumentSlot, devices
@@ -27,6 +27,7 @@ ALL_NAMESPACES = "(all namespaces)"
 AUTOCAST_OFF = "off"
 TABS = ("path", "table", "steps", "kernels", "opcheck")
 _AUTO = {"width": "auto"}
+_SCROLLED = {"max_height": "640px", "overflow": "auto"}  # tall diagrams scroll in place
 _TOGGLES = (  # (CallContext field, checkbox label)
     ("no_grad", "no_grad"),
     ("inference_mode", "inference_mode"),
@@ -53,6 +54,7 @@ class Explorer:
     """The dispatch explorer widget; display it (it is the value of ``opmagic.explore()``)."""
 
     def __init__(self, op: Any = None) -> None:
+        warm_up()
         self.model = ExplorerModel(op)
         self._loading = False  # set while the explorer itself changes widgets
         self.namespace = widgets.Dropdown(
@@ -78,12 +80,10 @@ class Explorer:
             layout={"width": "180px"},
         )
         self.show_all = widgets.Checkbox(description="all keys", indent=False)
-        self.message = widgets.HTML()
-        self.summary = widgets.HTML()
-        self.path_view = widgets.HTML()
-        self.path_view.add_class("opmagic-path")
-        self.table_view = widgets.HTML()
-        self.table_view.add_class("opmagic-table")
+        self.message = _classed(widgets.HTML(), "opmagic-message")
+        self.summary = _classed(widgets.HTML(), "opmagic-summary")
+        self.path_view = _classed(widgets.HTML(layout=_SCROLLED), "opmagic-path")
+        self.table_view = _classed(widgets.HTML(layout=_SCROLLED), "opmagic-table")
         self.steps_view = widgets.HTML()
         self.kernels_view = widgets.HTML()
         self.opcheck_button = widgets.Button(description="run opcheck", icon="check")
@@ -251,6 +251,12 @@ class Explorer:
         self.kernels_view.value = style_kinds(op_kernels_frame(table)).to_html()
 
 
+def _classed(widget: widgets.Widget, name: str) -> widgets.Widget:
+    """``widget`` with one more CSS class."""
+    widget.add_class(name)
+    return widget
+
+
 def _error_html(text: str) -> str:
     return f"<div style='color:#c62828; white-space:pre-wrap'>{escape(text, quote=False)}</div>"
 
@@ -263,7 +269,8 @@ def _slot_row(slot: ArgumentSlot, changed: Callable[[], None]) -> widgets.Widget
     )
     if slot.kind == "value":
         text = widgets.Text(continuous_update=False, layout={"width": "200px"})
-        return widgets.HBox([label, _bound(text, slot, "value", changed)])
+        row = widgets.HBox([label, _bound(text, slot, "value", changed)])
+        return _classed(row, f"opmagic-arg-{slot.name}")
     spec = slot.tensor
     controls = [
         (widgets.Dropdown(options=devices(), layout={"width": "80px"}), "device"),
@@ -283,14 +290,19 @@ def _slot_row(slot: ArgumentSlot, changed: Callable[[], None]) -> widgets.Widget
     if slot.optional:
         present = widgets.Checkbox(description="pass a tensor", indent=False, layout=_AUTO)
         row.insert(0, _bound(present, slot, "present", changed))
-    return widgets.HBox([label, *row])
+    return _classed(widgets.HBox([label, *row]), f"opmagic-arg-{slot.name}")
 
 
 def _bound(
     widget: widgets.ValueWidget, target: Any, attribute: str, changed: Callable[[], None]
 ) -> widgets.ValueWidget:
-    """``widget`` showing ``target.attribute`` and writing changes back (then ``changed()``)."""
+    """``widget`` showing ``target.attribute`` and writing changes back (then ``changed()``).
+
+    It gets the CSS class ``opmagic-<attribute>`` (``opmagic-device``), for styling and for
+    finding it in a page.
+    """
     widget.value = getattr(target, attribute)
+    _classed(widget, f"opmagic-{attribute}")
 
     def write(change: dict) -> None:
         setattr(target, attribute, change["new"])

