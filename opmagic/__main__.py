@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_svg_argument(command: argparse.ArgumentParser) -> None:
+    """The ``--svg FILE`` option of the commands that draw."""
     command.add_argument(
         "--svg",
         metavar="FILE",
@@ -89,6 +90,7 @@ def _evaluate(expression: str, what: str) -> Any:
 
 
 def _table(options: argparse.Namespace) -> str:
+    """``table``: the text form of the op's table(s), and its diagram for ``--svg``."""
     from .dispatch import dispatch_table
     from .view.text import table_text
 

@@ -128,6 +128,7 @@ def _map_tensors(
     """Apply ``fn`` to every tensor argument, including those inside lists and tuples."""
 
     def one(value: Any) -> Any:
+        """``value`` with ``fn`` applied to it or to the tensors it holds."""
         if isinstance(value, torch.Tensor):
             return fn(value)
         if isinstance(value, (list, tuple)):
@@ -154,6 +155,7 @@ def _resolve_vmapped(op: Any, args: tuple, kwargs: dict) -> Resolution:
     found: list[Resolution] = []
 
     def body(*batched: torch.Tensor) -> torch.Tensor:
+        """Inside vmap: put the BatchedTensors back in place and resolve the call."""
         remaining = iter(batched)
         inner_args, inner_kwargs = _map_tensors(lambda _: next(remaining), args, kwargs)
         found.append(resolve(op, *inner_args, **inner_kwargs))

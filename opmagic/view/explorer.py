@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import difflib
 import functools
-import time
 from dataclasses import dataclass, replace
 from typing import Any
+
+import torch
 
 from ..dispatch import DispatchTable, Resolution
 from ..dispatch.contexts import CallContext
@@ -80,8 +81,6 @@ def warm_up() -> None:
     """Pay torch's one-time lazy imports now, once per process: the first meta tensor and
     the first FakeTensorMode/vmap take about 1.5 s together, which would otherwise land on
     the first change of an input or toggle instead of the explorer's opening."""
-    import torch
-
     meta = torch.randn(1, 1, device="meta")
     CallContext(vmap=True, fake=True, logging=True).resolve("aten::mul.Tensor", meta, meta)
 
@@ -92,7 +91,6 @@ class Outcome:
 
     resolution: Resolution | None
     message: str | None
-    seconds: float  # time to build the inputs and resolve
 
 
 class ExplorerModel:
@@ -149,22 +147,20 @@ class ExplorerModel:
 
     def outcome(self) -> Outcome:
         """Build the sample inputs, resolve inside the contexts; bad input becomes a message."""
-        start = time.perf_counter()
         if self.problem is not None:
-            return Outcome(None, self.problem, 0.0)
+            return Outcome(None, self.problem)
         try:
             args, kwargs = call_arguments(self.slots, BATCH if self.context.vmap else None)
             resolution = self.context.resolve(self.op_name, *args, **kwargs)
         except OpmagicError as exc:
-            return Outcome(None, str(exc), time.perf_counter() - start)
+            return Outcome(None, str(exc))
         except Exception as exc:  # torch refusing the inputs or a context: say so, never raise
             return Outcome(
                 None,
                 f"torch refused these inputs or this context ({type(exc).__name__}: {exc}). "
                 "Change the inputs or turn a context toggle off.",
-                time.perf_counter() - start,
             )
-        return Outcome(resolution, None, time.perf_counter() - start)
+        return Outcome(resolution, None)
 
     def table(self) -> DispatchTable | None:
         """The selected overload's dispatch table, or None without a valid selection."""
@@ -172,8 +168,6 @@ class ExplorerModel:
 
     def opcheck(self) -> dict[str, str]:
         """Run ``torch.library.opcheck`` on the sample inputs (no contexts): test -> result."""
-        import torch
-
         if self.problem is not None or self.qualname is None:
             raise OpmagicError(self.problem or "Choose an operator first.")
         args, kwargs = call_arguments(self.slots)

@@ -136,47 +136,58 @@ class Explorer:
 
     @_guarded
     def _on_search(self, _change: Any = None) -> None:
+        """The search text or the namespace changed: list the matching operators."""
         self._update_matches()
 
     @_guarded
     def _on_match(self, change: dict) -> None:
+        """An operator was picked from the matches: load it."""
         if not self._loading and change["new"] and change["new"] != self.model.qualname:
             self.model.select(change["new"])
             self._load_operator()
 
     @_guarded
     def _on_overload(self, change: dict) -> None:
+        """Another overload was picked: rebuild the inputs for its schema."""
         if not self._loading and change["new"] is not None and change["new"] != self.model.overload:
             self.model.select_overload(change["new"])
             self._load_operator(keep_overloads=True)
 
     @_guarded
     def _on_input(self) -> None:
+        """An input control changed (the slot already holds the new value): redraw."""
         self.refresh()
 
     @_guarded
     def _on_toggle(self, name: str, change: dict) -> None:
+        """A context checkbox changed: resolve in the new context."""
         self.model.set_context(**{name: change["new"]})
         self.refresh()
 
     @_guarded
     def _on_autocast(self, change: dict) -> None:
+        """The autocast device changed (or autocast went off)."""
         self.model.set_context(autocast=None if change["new"] == AUTOCAST_OFF else change["new"])
         self.refresh()
 
     @_guarded
     def _on_show_all(self, change: dict) -> None:
+        """The "all keys" box changed: redraw both diagrams."""
         self.model.show_all = change["new"]
         self._draw_table()
         self.refresh()
 
     @_guarded
     def _on_opcheck(self, _button: Any) -> None:
+        """Run opcheck on the sample inputs and show each test's result."""
         self.opcheck_view.value = "running opcheck…"
         try:
             results = self.model.opcheck()
         except OpmagicError as exc:
             self.opcheck_view.value = _error_html(str(exc))
+            return
+        except Exception as exc:  # the op's own code ran and failed: that is the answer
+            self.opcheck_view.value = _error_html(f"{type(exc).__name__}: {exc}")
             return
         rows = "".join(
             f"<tr><td>{escape(test)}</td><td style='color:"
@@ -188,7 +199,7 @@ class Explorer:
     # ------------------------------------------------------------------ drawing
 
     def refresh(self) -> None:
-        """Rebuild the inputs, resolve in the contexts, and redraw the path and the steps."""
+        """Build the inputs, resolve in the contexts, redraw the path and the steps."""
         start = time.perf_counter()
         outcome = self.model.outcome()
         if outcome.resolution is None:
@@ -214,6 +225,7 @@ class Explorer:
         self.steps_view.value = ""
 
     def _update_matches(self) -> None:
+        """List the operators matching the search, keeping the selected one selected."""
         namespace = None if self.namespace.value == ALL_NAMESPACES else self.namespace.value
         found = find_ops(self.search.value, namespace)
         current = self.model.qualname
@@ -243,6 +255,7 @@ class Explorer:
             self._loading = False
 
     def _draw_table(self) -> None:
+        """Redraw the table diagram and the kernels tab of the selected operator."""
         table = self.model.table()
         if table is None:
             self.table_view.value = self.kernels_view.value = ""
@@ -258,6 +271,7 @@ def _classed(widget: widgets.Widget, name: str) -> widgets.Widget:
 
 
 def _error_html(text: str) -> str:
+    """A message in red, line breaks kept."""
     return f"<div style='color:#c62828; white-space:pre-wrap'>{escape(text, quote=False)}</div>"
 
 

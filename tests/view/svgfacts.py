@@ -27,6 +27,7 @@ class Shape:
 
     @property
     def text(self) -> str:
+        """All texts of the shape, space-separated."""
         return " ".join(self.texts)
 
 
@@ -39,6 +40,7 @@ class SvgFacts:
     all_text: str
 
     def path_nodes(self) -> set[str]:
+        """Titles of the nodes drawn as on the call's path."""
         return {title for title, shape in self.nodes.items() if "path" in shape.classes}
 
 

@@ -78,6 +78,7 @@ def test_path_is_numbered_bold_edges_with_skipped_keys_dimmed(renderer: str) -> 
     assert "excluded by TLS: autocast for CPU is off" in facts.nodes["AutocastCPU"].text
     assert "PythonDispatcher" not in facts.nodes
     assert "path: AutogradCPU → CPU" in facts.all_text
+    assert "more keys not drawn: keys this call never looked at" in facts.all_text
 
 
 def test_all_keys_around_the_same_path() -> None:
@@ -86,6 +87,7 @@ def test_all_keys_around_the_same_path() -> None:
     assert facts.path_nodes() == {"AutogradCPU", "CPU"}
     assert "PythonDispatcher" in facts.nodes
     assert "skipped" in facts.nodes["AutocastCPU"].classes
+    assert "more keys not drawn" not in facts.all_text
 
 
 def test_a_call_again_is_numbered_in_order() -> None:
