@@ -17,11 +17,7 @@ KIND_COLOURS = {
     "ambiguous": "#c62828",
     "missing": "#c62828",
 }
-_STYLE = (
-    "<style>.opmagic td,.opmagic th{padding:2px 8px;text-align:left;vertical-align:top;"
-    "font-family:monospace;font-size:12px}.opmagic .cat{font-weight:bold;background:#f3f3f3}"
-    ".opmagic .dim{color:#888}</style>"
-)
+_STYLE = "<style>.opmagic .dim{color:#888}</style>"
 
 
 def resolution_html(resolution: Resolution) -> str:
