@@ -252,16 +252,19 @@ def _group(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[list[
 
 
 def _keys_label(entries: Sequence[TableEntry]) -> str:
-    """``CPU`` or ``AutogradCPU, AutogradCUDA, AutogradMeta + 15 more keys``."""
+    """``CPU`` or ``CPU, CUDA, Meta + 60 more keys``: the keys most readers know named first."""
     if len(entries) <= 3:
         return ", ".join(e.key for e in entries)
-    familiar = sorted(entries, key=lambda e: not _is_familiar(e.key))
+    familiar = sorted(entries, key=lambda e: _familiarity(e.key))
     return f"{', '.join(e.key for e in familiar[:3])} + {len(entries) - 3} more keys"
 
 
-def _is_familiar(key: str) -> bool:
-    """Keys most readers know, named first in a group's label."""
-    return key.endswith(("CPU", "CUDA", "Meta")) and not key.startswith("Sparse")
+def _familiarity(key: str) -> int:
+    """0 for CPU, CUDA and Meta, 1 for their autograd/autocast keys, 2 for the rest."""
+    for prefix, rank in (("", 0), ("Autograd", 1), ("Autocast", 1)):
+        if key in (f"{prefix}CPU", f"{prefix}CUDA", f"{prefix}Meta"):
+            return rank
+    return 2
 
 
 # ------------------------------------------------------------------ DOT
