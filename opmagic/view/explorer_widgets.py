@@ -27,7 +27,7 @@ ALL_NAMESPACES = "(all namespaces)"
 AUTOCAST_OFF = "off"
 TABS = ("path", "table", "steps", "kernels", "opcheck")
 _AUTO = {"width": "auto"}
-_SCROLLED = {"max_height": "640px", "overflow": "auto"}  # tall diagrams scroll in place
+_SCROLLED = {"max_height": "640px", "overflow": "auto"}  # tall tabs scroll in place
 _TOGGLES = (  # (CallContext field, checkbox label)
     ("no_grad", "no_grad"),
     ("inference_mode", "inference_mode"),
@@ -84,8 +84,8 @@ class Explorer:
         self.summary = _classed(widgets.HTML(), "opmagic-summary")
         self.path_view = _classed(widgets.HTML(layout=_SCROLLED), "opmagic-path")
         self.table_view = _classed(widgets.HTML(layout=_SCROLLED), "opmagic-table")
-        self.steps_view = widgets.HTML()
-        self.kernels_view = widgets.HTML()
+        self.steps_view = widgets.HTML(layout=_SCROLLED)
+        self.kernels_view = widgets.HTML(layout=_SCROLLED)
         self.opcheck_button = widgets.Button(description="run opcheck", icon="check")
         self.opcheck_view = widgets.HTML(
             "opcheck runs the operator on the sample inputs (without the contexts) and tests "

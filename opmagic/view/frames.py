@@ -42,7 +42,8 @@ def op_kernels_frame(table: DispatchTable) -> pandas.DataFrame:
 
 
 def style_kinds(frame: pandas.DataFrame) -> Styler:
-    """Colour every cell that names a kernel kind (``kernel``, ``alias:...``, ``missing``, ...)."""
+    """Colour the cells that name a kernel kind (``kernel``, ``alias:...``, ``missing``, ...):
+    the ``kind`` column of a long frame, every cell of a wide one."""
 
     def colour(value: Any) -> str:
         """The CSS of one cell: the kind's colours, or nothing for other values."""
@@ -51,7 +52,7 @@ def style_kinds(frame: pandas.DataFrame) -> Styler:
             return ""
         return f"background-color: {KIND_FILLS[kind]}; color: {KIND_COLOURS[kind]}"
 
-    return frame.style.map(colour)
+    return frame.style.map(colour, subset=["kind"] if "kind" in frame.columns else None)
 
 
 @dataclass(frozen=True)
