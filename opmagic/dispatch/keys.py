@@ -139,9 +139,9 @@ _FUNCTIONALITY_TEXT: dict[str, tuple[str, str]] = {
     "FPGA": ("backend", "Kernels for FPGA tensors (out-of-tree backend)."),
     "Vulkan": ("backend", "Kernels for Vulkan GPU tensors (mobile)."),
     "Metal": ("backend", "Kernels for Metal GPU tensors (iOS)."),
-    "CustomRNGKeyId": (
-        "other",
-        "Custom random-number generators (tests of the RNG extension point).",
+    "CustomRNGKeyId": (  # a backend functionality: it sits between Quantized and Sparse
+        "backend",
+        "Kernels for tensors of a custom random-number generator (the RNG extension point).",
     ),
 }
 

@@ -83,6 +83,34 @@ class _OpIndex:
 _index = _OpIndex()
 
 
+@dataclass(frozen=True)
+class OpParameter:
+    """One argument of an overload's schema, as a caller sees it."""
+
+    name: str
+    type: str  # as torch prints it: "Tensor", "Optional[Tensor]", "List[int]", "number", ...
+    kwarg_only: bool
+    has_default: bool
+    default: Any  # the schema's default value (None when there is none)
+
+
+def op_parameters(ref: OpRef) -> tuple[OpParameter, ...]:
+    """The arguments of one overload (``ref.overload`` chosen), in schema order."""
+    schema = _torch.find_schema(ref.qualname, ref.overload or "")
+    if schema is None:
+        raise UnknownOperatorError(_unknown_op_message(ref.qualname))
+    return tuple(
+        OpParameter(
+            arg.name,
+            str(arg.type),
+            arg.kwarg_only,
+            arg.has_default_value(),
+            arg.default_value if arg.has_default_value() else None,
+        )
+        for arg in schema.arguments
+    )
+
+
 def all_qualnames() -> list[str]:
     """Every ``ns::name`` the dispatcher knows right now."""
     return _index.qualnames()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,9 @@ from .keys import KeyCatalogue, catalogue
 from .ops import OpRef, op_ref, overloads_of
 from .sites import label_callable
 from .table import TableEntry, _OpTable
+
+if TYPE_CHECKING:
+    from ..view.graph import Diagram
 
 _MAX_STEPS = 64
 
@@ -107,10 +110,15 @@ class Resolution:
 
         return resolution_text(self)
 
-    def _repr_html_(self) -> str:
-        from ..view.html import resolution_html
+    def diagram(self, show_all: bool = False) -> Diagram:
+        """The path as a Graphviz diagram; ``show_all`` draws the op's whole table around it."""
+        from ..view.graph import resolution_diagram
 
-        return resolution_html(self)
+        return resolution_diagram(self, show_all)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """Notebook display: the path diagram (SVG) plus the text form."""
+        return self.diagram()._repr_mimebundle_(include, exclude)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self) if not cycle else f"Resolution({self.op})")

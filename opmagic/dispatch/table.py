@@ -20,6 +20,8 @@ from .sites import label_callable, label_site
 if TYPE_CHECKING:
     import pandas
 
+    from ..view.graph import Diagram
+
 KINDS = ("kernel", "alias", "autograd", "fallback", "fallthrough", "ambiguous", "missing")
 KIND_TEXT = {
     "kernel": "kernel registered for this key",
@@ -150,10 +152,16 @@ class DispatchTable:
 
         return table_text(self)
 
-    def _repr_html_(self) -> str:
-        from ..view.html import table_html
+    def diagram(self, show_all: bool = False) -> Diagram:
+        """The table as a Graphviz diagram; ``show_all`` draws keys without a kernel of the
+        op's own (fallbacks, fallthroughs, missing) too."""
+        from ..view.graph import table_diagram
 
-        return table_html(self)
+        return table_diagram(self, show_all)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """Notebook display: the diagram (SVG) plus the text form."""
+        return self.diagram()._repr_mimebundle_(include, exclude)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self) if not cycle else f"DispatchTable({self.op})")
@@ -183,8 +191,11 @@ class OverloadTables:
     def __str__(self) -> str:
         return "\n\n".join(str(t) for t in self.tables)
 
-    def _repr_html_(self) -> str:
-        return "".join(t._repr_html_() for t in self.tables)
+    def _ipython_display_(self) -> None:
+        """Notebook display: each overload's table as its own output."""
+        from ..view.graph import display_each
+
+        display_each(self.tables)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self) if not cycle else f"OverloadTables({self.op})")

@@ -1,15 +1,22 @@
-"""pandas forms of dispatch facts."""
+"""pandas forms of dispatch facts, and their styled notebook display."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .graph import KIND_FILLS
+from .html import KIND_COLOURS
 
 if TYPE_CHECKING:
     import pandas
+    from pandas.io.formats.style import Styler
 
     from ..dispatch.table import DispatchTable
 
 TABLE_COLUMNS = ["key", "category", "kind", "alias", "source", "site", "explanation"]
+KERNEL_COLUMNS = ["key", "category", "kind", "alias", "source"]
+STYLED_ROWS = 200  # rows a notebook shows styled; the frame itself keeps them all
 
 
 def table_frame(table: DispatchTable) -> pandas.DataFrame:
@@ -20,3 +27,58 @@ def table_frame(table: DispatchTable) -> pandas.DataFrame:
         (e.key, e.category, e.kind, e.alias, e.source, e.site, e.explanation) for e in table.entries
     ]
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def op_kernels_frame(table: DispatchTable) -> pandas.DataFrame:
+    """The operator's own kernels per key, in priority order (no fallbacks, no missing keys)."""
+    import pandas as pd
+
+    rows = [
+        (e.key, e.category, e.kind, e.alias, e.source)
+        for e in table.entries
+        if e.kind != "missing" and not e.is_fallback
+    ]
+    return pd.DataFrame(rows, columns=KERNEL_COLUMNS)
+
+
+def style_kinds(frame: pandas.DataFrame) -> Styler:
+    """Colour the cells that name a kernel kind (``kernel``, ``alias:...``, ``missing``, ...):
+    the ``kind`` column of a long frame, every cell of a wide one."""
+
+    def colour(value: Any) -> str:
+        """The CSS of one cell: the kind's colours, or nothing for other values."""
+        kind = str(value).split(":", 1)[0]
+        if kind not in KIND_FILLS:
+            return ""
+        return f"background-color: {KIND_FILLS[kind]}; color: {KIND_COLOURS[kind]}"
+
+    return frame.style.map(colour, subset=["kind"] if "kind" in frame.columns else None)
+
+
+@dataclass(frozen=True)
+class KernelsView:
+    """A kernels DataFrame for display: styled in notebooks, plain text in terminals."""
+
+    frame: pandas.DataFrame
+
+    def _repr_html_(self) -> str:
+        """The first rows, coloured by kind, and how to get the rest."""
+        shown = self.frame.head(STYLED_ROWS)
+        note = ""
+        if len(self.frame) > len(shown):
+            note = (
+                f"<p>First {len(shown)} of {len(self.frame)} rows. Narrow it down (a namespace, "
+                "--key, --missing) or take the DataFrame: <code>view.frame</code>.</p>"
+            )
+        return style_kinds(shown).to_html() + note
+
+    def __str__(self) -> str:
+        """Every row as aligned text (the command line prints this)."""
+        import pandas as pd
+
+        with pd.option_context("display.max_rows", None, "display.width", 200):
+            return self.frame.to_string()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """Terminal IPython: pandas' own (abridged) text form."""
+        printer.text(repr(self.frame))

@@ -1,15 +1,12 @@
-"""HTML forms of dispatch tables and resolutions (notebook fallbacks when no SVG is wanted)."""
+"""HTML form of a resolution: the step-by-step explanation the explorer shows beside the diagram."""
 
 from __future__ import annotations
 
 from html import escape
 from typing import TYPE_CHECKING
 
-from .text import grouped_entries
-
 if TYPE_CHECKING:
     from ..dispatch.resolve import Resolution
-    from ..dispatch.table import DispatchTable
 
 KIND_COLOURS = {
     "kernel": "#2e7d32",
@@ -20,37 +17,7 @@ KIND_COLOURS = {
     "ambiguous": "#c62828",
     "missing": "#c62828",
 }
-_STYLE = (
-    "<style>.opmagic td,.opmagic th{padding:2px 8px;text-align:left;vertical-align:top;"
-    "font-family:monospace;font-size:12px}.opmagic .cat{font-weight:bold;background:#f3f3f3}"
-    ".opmagic .dim{color:#888}</style>"
-)
-
-
-def table_html(table: DispatchTable) -> str:
-    """The table as an HTML table; hover a key for what it is for."""
-    rows = []
-    for group in grouped_entries(table):
-        first = group.first
-        rows.append(
-            f'<tr><td title="{escape(first.explanation, quote=True)}">'
-            f"{escape(group.keys_label)}</td>"
-            f"<td>{escape(group.category)}</td>"
-            f'<td title="{escape(first.kind_text, quote=True)}" '
-            f'style="color:{KIND_COLOURS.get(first.kind, "#000")}">{escape(group.kind_label)}</td>'
-            f"<td>{escape(first.source)}</td></tr>"
-        )
-    missing = sum(1 for e in table.entries if e.kind == "missing")
-    note = (
-        f'<tr><td class="dim" colspan="4">{missing} other keys have no kernel</td></tr>'
-        if missing
-        else ""
-    )
-    return (
-        f'{_STYLE}<div class="opmagic"><b>{escape(table.schema or table.op)}</b>'
-        "<table><tr><th>key (highest priority first)</th><th>category</th><th>kind</th>"
-        f"<th>source</th></tr>{''.join(rows)}{note}</table></div>"
-    )
+_STYLE = "<style>.opmagic .dim{color:#888}</style>"
 
 
 def resolution_html(resolution: Resolution) -> str:

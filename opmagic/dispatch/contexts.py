@@ -1,0 +1,175 @@
+"""``CallContext``: resolve a call under the thread-local state a user would call it in.
+
+``resolve`` reads the current thread-local state; this module sets that state up the way a
+user's code would (``torch.no_grad()``, ``torch.inference_mode()``, ``torch.autocast``,
+``FakeTensorMode``, a logging ``TorchDispatchMode``, ``torch.func.vmap``) and resolves
+inside it. The command line, the ``%dispatch`` magic and the explorer share it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import OpmagicError
+from . import _torch
+from .resolve import Resolution, resolve
+
+# The context options of the command line and of %dispatch: (flags, argparse keywords).
+CONTEXT_ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (("--no-grad",), {"action": "store_true", "help": "resolve under torch.no_grad()"}),
+    (
+        ("--inference-mode",),
+        {"action": "store_true", "help": "resolve under torch.inference_mode()"},
+    ),
+    (
+        ("--autocast",),
+        {"metavar": "DEVICE", "help": "resolve under torch.autocast(DEVICE), e.g. cpu"},
+    ),
+    (
+        ("--vmap",),
+        {
+            "action": "store_true",
+            "help": "resolve inside torch.func.vmap over dim 0 of every tensor argument",
+        },
+    ),
+    (
+        ("--fake",),
+        {"action": "store_true", "help": "resolve under FakeTensorMode, with fake inputs"},
+    ),
+    (
+        ("--logging-mode",),
+        {"action": "store_true", "help": "resolve under a logging TorchDispatchMode"},
+    ),
+)
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """The thread-local state to resolve a call in; every field off means "as things are"."""
+
+    no_grad: bool = False
+    inference_mode: bool = False
+    autocast: str | None = None  # a device type ("cpu", "cuda"), or None for autocast off
+    vmap: bool = False  # vmap over dim 0 of every tensor argument
+    fake: bool = False  # FakeTensorMode, the tensor arguments converted with mode.from_tensor
+    logging: bool = False  # a TorchDispatchMode that logs each operator and runs it
+
+    @classmethod
+    def from_options(cls, options: Any) -> CallContext:
+        """The context an argparse namespace built from :data:`CONTEXT_ARGUMENTS` asks for."""
+        return cls(
+            no_grad=options.no_grad,
+            inference_mode=options.inference_mode,
+            autocast=options.autocast,
+            vmap=options.vmap,
+            fake=options.fake,
+            logging=options.logging_mode,
+        )
+
+    def words(self) -> list[str]:
+        """The options that are on, in words (``["no_grad", "autocast cpu"]``)."""
+        words = [
+            name for name in ("no_grad", "inference_mode", "vmap", "fake") if getattr(self, name)
+        ]
+        if self.autocast:
+            words.append(f"autocast {self.autocast}")
+        if self.logging:
+            words.append("logging mode")
+        return words
+
+    def resolve(self, op: Any, *args: Any, **kwargs: Any) -> Resolution:
+        """``opmagic.resolve(op, *args, **kwargs)`` inside this context; nothing runs."""
+        with self._entered() as convert:
+            args, kwargs = _map_tensors(convert, args, kwargs)
+            if self.vmap:
+                return _resolve_vmapped(op, args, kwargs)
+            return resolve(op, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def _entered(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """Enter the context; yields how to convert a tensor argument for it."""
+        with contextlib.ExitStack() as stack:
+            convert: Callable[[torch.Tensor], torch.Tensor] = _same
+            if self.fake:
+                mode = _torch.new_fake_tensor_mode()
+                convert = mode.from_tensor
+            if self.no_grad:
+                stack.enter_context(torch.no_grad())
+            if self.inference_mode:
+                stack.enter_context(torch.inference_mode())
+            if self.autocast:
+                try:
+                    stack.enter_context(torch.autocast(self.autocast))
+                except RuntimeError as exc:
+                    raise OpmagicError(
+                        f"autocast cannot be turned on for device {self.autocast!r}: {exc}. "
+                        "Use a device type this torch supports, e.g. 'cpu'."
+                    ) from exc
+            if self.fake:
+                stack.enter_context(mode)
+            if self.logging:
+                stack.enter_context(_torch.new_logging_dispatch_mode([]))
+            yield convert
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    """The identity conversion: the tensor as it is."""
+    return tensor
+
+
+def _map_tensors(
+    fn: Callable[[torch.Tensor], Any], args: tuple, kwargs: dict
+) -> tuple[tuple, dict[str, Any]]:
+    """Apply ``fn`` to every tensor argument, including those inside lists and tuples."""
+
+    def one(value: Any) -> Any:
+        """``value`` with ``fn`` applied to it or to the tensors it holds."""
+        if isinstance(value, torch.Tensor):
+            return fn(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(one(v) for v in value)
+        return value
+
+    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
+
+
+def _resolve_vmapped(op: Any, args: tuple, kwargs: dict) -> Resolution:
+    """Resolve inside ``torch.func.vmap``: the arguments arrive as BatchedTensors, as in a vmap."""
+    tensors: list[torch.Tensor] = []
+    _map_tensors(tensors.append, args, kwargs)
+    if not tensors:
+        raise OpmagicError(
+            "vmap needs at least one tensor argument to map over; pass a tensor whose dim 0 "
+            "is the batch."
+        )
+    if any(t.dim() == 0 for t in tensors):
+        raise OpmagicError(
+            "vmap maps over dim 0 of every tensor argument, and a 0-dim tensor has none: give "
+            "each tensor argument a leading batch dimension."
+        )
+    found: list[Resolution] = []
+
+    def body(*batched: torch.Tensor) -> torch.Tensor:
+        """Inside vmap: put the BatchedTensors back in place and resolve the call."""
+        remaining = iter(batched)
+        inner_args, inner_kwargs = _map_tensors(lambda _: next(remaining), args, kwargs)
+        found.append(resolve(op, *inner_args, **inner_kwargs))
+        return batched[0]
+
+    try:
+        torch.func.vmap(body)(*tensors)
+    except OpmagicError:
+        raise
+    except Exception as exc:
+        if found:  # vmap failed after resolve, on wrapping the output: the answer stands
+            return found[0]
+        raise OpmagicError(
+            f"vmap could not map over these arguments: {exc}. Every tensor argument needs the "
+            "same size in dim 0 (the batch)."
+        ) from exc
+    return found[0]
