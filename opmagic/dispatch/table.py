@@ -163,6 +163,12 @@ class DispatchTable:
         """Notebook display: the diagram (SVG) plus the text form."""
         return self.diagram()._repr_mimebundle_(include, exclude)
 
+    def _repr_html_(self) -> str:
+        """HTML display: the diagram inline (frontends prefer HTML), details below it."""
+        from ..view.html import table_html
+
+        return table_html(self)
+
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self) if not cycle else f"DispatchTable({self.op})")
 

@@ -20,7 +20,7 @@ import ipywidgets as widgets
 from ..errors import OpmagicError
 from .explorer import ExplorerModel, find_ops, namespaces, warm_up
 from .frames import op_kernels_frame, style_kinds
-from .html import resolution_html
+from .html import steps_html
 from .samples import DTYPES, LAYOUTS, VIEWS, ArgumentSlot, devices
 
 ALL_NAMESPACES = "(all namespaces)"
@@ -207,7 +207,7 @@ class Explorer:
             return
         svg = outcome.resolution.diagram(self.model.show_all).svg()
         self.path_view.value = svg
-        self.steps_view.value = resolution_html(outcome.resolution)
+        self.steps_view.value = steps_html(outcome.resolution)
         self.message.value = ""
         path = " → ".join(outcome.resolution.path) or "(none)"
         failure = " <b style='color:#c62828'>✗ fails</b>" if outcome.resolution.error else ""

@@ -1,12 +1,21 @@
-"""HTML form of a resolution: the step-by-step explanation the explorer shows beside the diagram."""
+"""HTML forms: the diagram inline, with the table or the step-by-step explanation below it.
+
+Notebook frontends rank text/html above image/svg+xml, so the HTML form embeds the SVG
+itself: a table or resolution shows as its diagram whichever form the frontend picks.
+"""
 
 from __future__ import annotations
 
 from html import escape
 from typing import TYPE_CHECKING
 
+from ..errors import OpmagicError
+from .text import grouped_entries
+
 if TYPE_CHECKING:
     from ..dispatch.resolve import Resolution
+    from ..dispatch.table import DispatchTable
+    from .graph import Diagram
 
 KIND_COLOURS = {
     "kernel": "#2e7d32",
@@ -17,10 +26,13 @@ KIND_COLOURS = {
     "ambiguous": "#c62828",
     "missing": "#c62828",
 }
-_STYLE = "<style>.opmagic .dim{color:#888}</style>"
+_STYLE = (
+    "<style>.opmagic .dim{color:#888}.opmagic td,.opmagic th{padding:1px 8px;"
+    "text-align:left;font-family:monospace;font-size:12px}</style>"
+)
 
 
-def resolution_html(resolution: Resolution) -> str:
+def steps_html(resolution: Resolution) -> str:
     """The path as an ordered list of steps, skipped keys dimmed, failure in red."""
     items = []
     for step in resolution.steps:
@@ -50,4 +62,38 @@ def resolution_html(resolution: Resolution) -> str:
     return (
         f'{_STYLE}<div class="opmagic"><b>{escape(resolution.schema or resolution.op)}</b>'
         f"{context}<div>path: {path}</div><ol>{''.join(items)}</ol>{error}</div>"
+    )
+
+
+def table_html(table: DispatchTable) -> str:
+    """The table's diagram, then its rows (keys served alike merged) in a collapsible section."""
+    rows = "".join(
+        f'<tr><td title="{escape(g.first.explanation, quote=True)}">{escape(g.keys_label)}</td>'
+        f"<td>{escape(g.category)}</td>"
+        f'<td title="{escape(g.first.kind_text, quote=True)}" '
+        f'style="color:{KIND_COLOURS.get(g.first.kind, "#000")}">{escape(g.kind_label)}</td>'
+        f"<td>{escape(g.first.source)}</td></tr>"
+        for g in grouped_entries(table)
+    )
+    listing = (
+        "<table><tr><th>key (highest priority first)</th><th>category</th><th>kind</th>"
+        f"<th>source</th></tr>{rows}</table>"
+    )
+    return _with_diagram(table.diagram(), "every key with a kernel", listing)
+
+
+def resolution_html(resolution: Resolution) -> str:
+    """The call's path diagram, then the step-by-step explanation in a collapsible section."""
+    return _with_diagram(resolution.diagram(), "step by step", steps_html(resolution))
+
+
+def _with_diagram(diagram: Diagram, summary: str, details: str) -> str:
+    try:
+        picture = diagram.svg()
+    except OpmagicError as exc:  # no Graphviz at all: the details are the display
+        picture = f'<pre class="dim">(no diagram: {escape(str(exc))})</pre>'
+        return f'{_STYLE}<div class="opmagic">{picture}{details}</div>'
+    return (
+        f'{_STYLE}<div class="opmagic">{picture}'
+        f"<details><summary>{escape(summary)}</summary>{details}</details></div>"
     )

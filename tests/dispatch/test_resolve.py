@@ -245,7 +245,9 @@ def test_text_and_html_forms():
     r = resolve("aten::add", torch.randn(2, requires_grad=True), torch.randn(2))
     text = str(r)
     assert "path: AutogradCPU -> CPU" in text and "skipped AutocastCPU" in text
-    assert "<ol>" in r._repr_html_() and "AutogradCPU &rarr; CPU" in r._repr_html_()
+    html = r._repr_html_()
+    assert html.index("<svg") < html.index("<details>") < html.index("<ol>")
+    assert "AutogradCPU &rarr; CPU" in html
 
 
 def test_python_dispatcher_comes_first_and_hands_on_the_rest_of_the_path():

@@ -164,8 +164,10 @@ def test_text_and_html_forms():
     assert "AutogradNestedTensor" in text and "via Autograd" in text
     assert "registrations as made" in text
     html = table._repr_html_()
-    assert "<table>" in html and "via CompositeExplicitAutogradNonFunctional" in html
-    assert "-&gt; Tensor" in html  # the schema is escaped
+    assert html.index("<svg") < html.index("<details>") < html.index("<table>")
+    assert "via CompositeExplicitAutogradNonFunctional" in html
+    bundle = table._repr_mimebundle_()
+    assert bundle["text/plain"] == text and "<svg" in bundle["image/svg+xml"]
 
 
 def test_unknown_key_lookup_explains_alias_keys():

@@ -142,7 +142,7 @@ def test_kernels_caps_the_styled_rows_but_keeps_the_frame(shell) -> None:
     ("line", "message"),
     [
         ("no_such_namespace", "No operators in namespace 'no_such_namespace'"),
-        ("aten --key Autograd", "Autograd is an alias key"),
+        ("aten --key Autograd", "'Autograd' is an alias key"),
         ("aten --missing Nope", "Unknown dispatch key 'Nope'"),
     ],
 )
