@@ -3,6 +3,8 @@
 The plain-Python API lives here; ``%load_ext opmagic`` adds the IPython magics on top of it.
 """
 
+from .checks import CheckReport, CheckRow, check_op
+from .custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .dispatch import (
     DispatchTable,
     KeyInfo,
@@ -18,10 +20,14 @@ from .dispatch import (
 )
 from .errors import (
     ArgumentsMismatchError,
+    CellSourceError,
+    ForeignOperatorError,
     NotAnOperatorError,
+    OperatorNameError,
     OpmagicError,
     UnknownOperatorError,
 )
+from .session import Session, SessionReport, active_session, registration_site
 
 __version__ = "0.1.0"
 
@@ -42,18 +48,31 @@ def unload_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "ArgumentsMismatchError",
+    "CellSourceError",
+    "CheckReport",
+    "CheckRow",
+    "CustomOpResult",
     "DispatchTable",
+    "ForeignOperatorError",
+    "KernelRow",
     "KeyInfo",
     "NotAnOperatorError",
+    "OperatorNameError",
     "OpmagicError",
     "OverloadTables",
     "Resolution",
+    "Session",
+    "SessionReport",
     "Step",
     "TableEntry",
     "UnknownOperatorError",
+    "active_session",
+    "check_op",
+    "custom_op_from_source",
     "dispatch_table",
     "kernels",
     "key_info",
+    "registration_site",
     "resolve",
     "runtime_keys",
 ]
