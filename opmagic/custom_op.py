@@ -226,6 +226,9 @@ def custom_op_from_source(
         notes = _replacement_notes(qualname)
         op = _make_op(qualname, function, mutates_args, device_types, schema, tags, filename)
         _apply_companions(op, collector.companions, filename)
+        session = active_session()
+        if session is not None:
+            notes += tuple(session.displaced())
     except BaseException:  # the name keeps what it meant before the cell
         if previous is _UNBOUND:
             namespace.pop(function_node.name, None)

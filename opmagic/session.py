@@ -207,6 +207,7 @@ class Session:
         self._states: dict[int, tuple[Any, dict]] = {}
         self._namespace: dict[str, Any] | None = None
         self._bindings: dict[str, Any] = {}
+        self._held: list[Any] = []  # recorded Libraries, kept alive while a cell runs
         self._anonymous = itertools.count(1)
         self._sequence = itertools.count(1)
 
@@ -276,10 +277,12 @@ class Session:
         self._states = _torch.custom_op_states()
         self._namespace = namespace
         self._bindings = (
-            {k: v for k, v in namespace.items() if _torch.is_custom_op_def(v)}
+            {k: v for k, v in namespace.items() if _is_registering_object(v)}
             if namespace is not None
             else {}
         )
+        # a cell that rebinds a Library name must not destroy what a rollback restores
+        self._held = [lib for record in self._records.values() for lib in record.live_libraries()]
         self._run = CellRecord(key, label or key, has_key)
 
     def finish(self, success: bool) -> None:
@@ -297,6 +300,7 @@ class Session:
         finally:
             self._run = self._previous = self._namespace = None
             self._evicted, self._reverted, self._states, self._bindings = [], [], {}, {}
+            self._held = []
 
     # ---------------------------------------------------------------- for other front ends
 
@@ -338,6 +342,24 @@ class Session:
     def records(self) -> list[CellRecord]:
         """The cells whose registrations are in effect, oldest first."""
         return list(self._records.values())
+
+    def displaced(self) -> list[str]:
+        """What of other cells the running cell has replaced so far, for its summary."""
+        run, previous = self._run, self._previous
+        notes = [
+            f"replaced cell {owner.label}'s {registration.describe()}"
+            for registration, owner in self._evicted
+            if owner is not run and owner is not previous
+        ]
+        defined = {op for kind, op in run.defined if kind == "def"} if run else set()
+        notes += [
+            f"dropped cell {record.label}'s {change.describe()} (re-run that cell to add it again)"
+            for record in self._records.values()
+            if record is not previous
+            for change in record.changes
+            if change.qualname in defined
+        ]
+        return notes
 
     def owns_definition(self, qualname: str) -> bool:
         """Whether the session made the definition of ``ns::name`` (any overload)."""
@@ -464,9 +486,7 @@ class Session:
             if registration in owner.registrations:
                 owner.registrations.remove(registration)
             registration.discard()
-            if owner is not run and owner is not previous:
-                what = registration.describe()
-                owner.notes.append(f"{what} removed: cell {run.label} replaced it")
+        run.notes.extend(self.displaced())
         if previous is not None:
             self._records.pop(previous.key, None)
             self._teardown(previous, revert=False)
@@ -495,6 +515,7 @@ class Session:
         ops |= {r.op for r, _ in self._evicted if r.kind == "def"}
         releases = [_torch.keep_operator_alive(op) for op in sorted(ops)]
         try:
+            self._restore_bindings(run)
             for registration in reversed(run.registrations):
                 registration.discard()
             for change in reversed(changes):
@@ -507,19 +528,20 @@ class Session:
                     registration.reapply()
             for change in self._reverted:
                 change.reapply()
-            self._restore_bindings()
         finally:
             for release in releases:
                 release()
         _torch.refresh_operators(ops)
 
-    def _restore_bindings(self) -> None:
-        """Names the failed run pointed at its new custom ops point at the previous ones again."""
+    def _restore_bindings(self, run: CellRecord) -> None:
+        """Names the failed run bound to its new custom ops and Libraries get their old values."""
         namespace = self._namespace
         if namespace is None:
             return
+        created = {id(lib) for lib in run.live_libraries()}
         for name, value in list(namespace.items()):
-            if _torch.is_custom_op_def(value) and id(value) not in self._states:
+            new_opdef = _torch.is_custom_op_def(value) and id(value) not in self._states
+            if new_opdef or id(value) in created:
                 if name in self._bindings:
                     namespace[name] = self._bindings[name]
                 else:
@@ -549,6 +571,11 @@ class Session:
         record.libraries.clear()
         for tracked in reversed(record.handles):
             tracked.close()
+
+
+def _is_registering_object(value: Any) -> bool:
+    """A CustomOpDef or a Library: what a failed cell's rebinding of a name must not lose."""
+    return _torch.is_custom_op_def(value) or _torch.is_library(value)
 
 
 def _grouped(registrations: Iterator[_torch.Registration]) -> list[tuple[str, str]]:

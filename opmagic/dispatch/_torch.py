@@ -786,6 +786,11 @@ def custom_op_sites(opdef: Any) -> set[str]:
     }
 
 
+def is_library(value: Any) -> bool:
+    """Whether a value is a ``torch.library.Library``."""
+    return isinstance(value, torch.library.Library)
+
+
 def custom_op_library(qualname: str) -> Any | None:
     """The Library ``custom_op`` made for an operator, if any."""
     from torch._library import custom_ops
@@ -859,10 +864,15 @@ class CustomOpChange:
         opdef = self.opdef()
         return opdef is not None and custom_op_def(opdef._qualname) is opdef
 
+    @property
+    def qualname(self) -> str | None:
+        """The operator of the CustomOpDef, while it is alive."""
+        opdef = self.opdef()
+        return None if opdef is None else opdef._qualname
+
     def describe(self) -> str:
         """What the change was, in the words of the custom_op API."""
-        opdef = self.opdef()
-        name = opdef._qualname if opdef is not None else "a removed custom op"
+        name = self.qualname or "a removed custom op"
         attribute, *key = self.part
         what = _CUSTOM_OP_PARTS[attribute]
         if key:
