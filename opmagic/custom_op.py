@@ -400,7 +400,7 @@ def _run(
     shadowed = {name: namespace[name] for name in injected if name in namespace}
     namespace.update(injected)
     try:
-        exec(compile(tree, filename, "exec"), namespace)
+        exec(compile(tree, filename, "exec", dont_inherit=True), namespace)
     except CellSourceError:
         raise
     except Exception as error:
@@ -438,10 +438,15 @@ def _infer_schema(
     except ValueError as error:
         reason = str(error).removeprefix("infer_schema(func): ")
         reason = re.sub(r" The valid types are: .*?\. Got func", " Got func", reason, flags=re.S)
+        fix = (
+            "Correct --mutates-args or the function's parameters."
+            if "mutates_args" in reason
+            else "Use the types torch.library supports (Tensor, int, float, bool, str, "
+            "torch.device, torch.dtype, and Optional/Sequence of them) or pass "
+            "--schema '(Tensor x) -> Tensor'."
+        )
         raise CellSourceError(
-            f"{where}: cannot infer a schema for {function.__name__}(): {reason}. Use the types "
-            "torch.library supports (Tensor, int, float, bool, str, torch.device, torch.dtype, "
-            "and Optional/Sequence of them) or pass --schema '(Tensor x) -> Tensor'.",
+            f"{where}: cannot infer a schema for {function.__name__}(): {reason}. {fix}",
             filename=filename,
             line=line,
         ) from error

@@ -592,12 +592,10 @@ def _grouped(registrations: Iterator[_torch.Registration]) -> list[tuple[str, st
 
 def foreign_operator_message(qualname: str) -> str:
     """Why opmagic will not redefine an operator defined outside the session."""
-    site = _torch.dump_registrations(qualname).partition("debug: ")[2].partition("\n")[0]
-    where = f" ({site.strip()})" if site else ""
+    name = qualname.split("::", 1)[1]
     return (
-        f"{qualname} is already defined outside this opmagic session{where}. The session "
-        "only redefines operators its own cells defined, because it could not restore this "
-        "one on re-run or %unload_ext. Choose another name (e.g. mylib::"
-        f"{qualname.split('::', 1)[1]}), or define it before %load_ext opmagic and extend it "
-        "with register_kernel/register_fake instead."
+        f"{qualname} is already defined outside this opmagic session, so a cell may not "
+        "redefine it: the session could not restore it on re-run or %unload_ext. Choose "
+        f"another name (e.g. mylib::{name}); to add kernels to an existing operator, use "
+        "torch.library.register_kernel or register_fake in a cell."
     )
