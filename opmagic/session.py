@@ -35,7 +35,7 @@ import os
 import sys
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,8 +95,8 @@ class CellRecord:
     libraries: list[weakref.ref] = field(default_factory=list)
     handles: list[TrackedHandle] = field(default_factory=list)
     changes: list[_torch.CustomOpChange] = field(default_factory=list)
-    # custom ops this run (re)defined: qualname -> the (CustomOpDef, Library) torch had before
-    custom_ops: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    # custom_op entries this run changed: qualname -> the (CustomOpDef, Library) torch had
+    custom_op_entries: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     created_opdefs: dict[str, weakref.ref] = field(default_factory=dict)
     defined: set[tuple[str, str]] = field(default_factory=set)  # ("def", op) / ("namespace", ns)
     notes: list[str] = field(default_factory=list)
@@ -183,10 +183,6 @@ def _is_exec_source(filename: str) -> bool:
     return filename.startswith("<") and not filename.startswith("<frozen")
 
 
-def _noop() -> None:
-    """Nothing to release."""
-
-
 class Session:
     """Owns the torch.library registrations of each cell; see the module docstring for rules.
 
@@ -203,6 +199,9 @@ class Session:
         self._previous: CellRecord | None = None
         self._depth = 0
         self._evicted: list[tuple[_torch.Registration, CellRecord]] = []
+        # (new def, previous identical def, its record): C++ definitions taken over in place
+        self._adopted: list[tuple[Any, Any, CellRecord]] = []
+        self._stashes: dict[str, Any] = {}  # cached torch.ops packets of replaced definitions
         self._reverted: list[_torch.CustomOpChange] = []
         self._states: dict[int, tuple[Any, dict]] = {}
         self._namespace: dict[str, Any] | None = None
@@ -300,7 +299,7 @@ class Session:
         finally:
             self._run = self._previous = self._namespace = None
             self._evicted, self._reverted, self._states, self._bindings = [], [], {}, {}
-            self._held = []
+            self._held, self._adopted, self._stashes = [], [], {}
 
     # ---------------------------------------------------------------- for other front ends
 
@@ -399,36 +398,80 @@ class Session:
     def make_room(self, registration: _torch.Registration) -> Callable[[bool], None]:
         """Evict what ``registration`` replaces; the returned callable gets whether it applied.
 
-        Evicted registrations come back if the registration fails or the cell does.
-        Redefining an operator evicts every registration on it, holding the operator's
-        dispatcher entry meanwhile so that existing OpOverload objects stay valid.
+        Evicted registrations come back if the registration fails, or the cell does.
+        Defining an operator again replaces every registration other cells made on it. An
+        identical definition is adopted instead of made again: the operator's dispatcher
+        entry, and every OpOverload pointing at it, stay as they are. A changed one lets the
+        entry go, as torch does, after putting its cached OpOverloads aside for a rollback.
         """
         run = self._run
         assert run is not None
-        keep = _noop
-        if registration.kind == "def":
-            redefines = any(r.kind == "def" and r.op == registration.op for r in run.registrations)
-            victims = [
-                (record, r)
-                for record, r in self._applied()
-                if r.op == registration.op and (record is not run or redefines)
-            ]
-            if victims:
-                keep = _torch.keep_operator_alive(registration.op)
-        else:
+        if (
+            not isinstance(registration, _torch.DispatcherRegistration)
+            or registration.kind != "def"
+        ):
             identity = registration.identity
-            victims = [(rec, r) for rec, r in self._applied() if r.identity == identity]
+            return self._evict_for(
+                [(rec, r) for rec, r in self._applied() if r.identity == identity]
+            )
+        op = registration.op
+        definition = registration.definition  # a bad schema raises before anything is evicted
+        self._forget_custom_op(op)
+        redefines = any(r.kind == "def" and r.op == op and r.applied for r in run.registrations)
+        on_op = [(rec, r) for rec, r in self._applied() if r.op == op]
+        others = [(rec, r) for rec, r in on_op if rec is not run or redefines]
+        previous = next((pair for pair in others if pair[1].kind == "def"), None)
+        if previous is None:
+            return self._evict_for(others)
+        owner, previous_def = previous
+        assert isinstance(previous_def, _torch.DispatcherRegistration)
+        if previous_def.definition == definition:
+            registration.adopt(previous_def)
+            adopted = (registration, previous_def, owner)
+            self._adopted.append(adopted)
+            return self._evict_for([pair for pair in others if pair is not previous], adopted)
+        own = [(rec, r) for rec, r in on_op if rec is run and not redefines]
+        self._stashes.setdefault(op, _torch.take_cached_overloads(op))
+        return self._evict_for(others + own, reapply_after=own)
+
+    def _evict_for(
+        self,
+        victims: list[tuple[CellRecord, _torch.Registration]],
+        adopted: tuple | None = None,
+        reapply_after: Sequence[tuple[CellRecord, _torch.Registration]] = (),
+    ) -> Callable[[bool], None]:
+        """Evict ``victims``; returns what to call once the replacing registration is done."""
         for record, victim in victims:
             self._evict(victim, record)
 
         def release(applied: bool) -> None:
-            if not applied:
-                for record, victim in victims:
-                    victim.reapply()
-                    self._evicted.remove((victim, record))
-            keep()
+            again = reapply_after if applied else victims
+            for record, victim in sorted(again, key=lambda pair: pair[1].seq):
+                victim.reapply()
+                self._evicted.remove((victim, record))
+            if not applied and adopted is not None:
+                adopted[0].give_back(adopted[1])
+                self._adopted.remove(adopted)
+            if not applied and victims:
+                self._restore_stashes([r.op for _, r in victims if r.kind == "def"])
 
         return release
+
+    def _forget_custom_op(self, op: str) -> None:
+        """A plain define replaces a custom op: torch must stop routing to its CustomOpDef."""
+        run = self._run
+        assert run is not None
+        opdef = _torch.custom_op_def(op)
+        if op not in run.custom_op_entries and opdef is not None:
+            run.custom_op_entries[op] = (opdef, _torch.custom_op_library(op))
+            _torch.set_custom_op_entry(op, None, None)
+
+    def _restore_stashes(self, ops: Iterable[str]) -> None:
+        """Re-created entries get the OpOverload objects that pointed at them before."""
+        for op in ops:
+            packet = self._stashes.pop(op, None)
+            if packet is not None:
+                _torch.restore_cached_overloads(op, packet)
 
     def added(self, registration: _torch.Registration) -> None:
         """Record a registration the running cell made."""
@@ -454,7 +497,7 @@ class Session:
         )
         if foreign:
             raise ForeignOperatorError(foreign_operator_message(qualname))
-        self._run.custom_ops.setdefault(qualname, (opdef, library))
+        self._run.custom_op_entries.setdefault(qualname, (opdef, library))
 
     # ---------------------------------------------------------------- internals
 
@@ -473,20 +516,16 @@ class Session:
         run, previous = self._run, self._previous
         assert run is not None
         run.changes = _torch.custom_op_changes(self._states)
-        for qualname in run.custom_ops:
+        for qualname in run.custom_op_entries:
             opdef = _torch.custom_op_def(qualname)
             if opdef is not None:
                 run.created_opdefs[qualname] = weakref.ref(opdef)
-        refreshed = {r.op for r in run.registrations if r.kind == "def"}
-        for registration, owner in self._evicted:
-            if registration.kind == "def":
-                refreshed.add(registration.op)
-                if registration.op not in run.created_opdefs:  # a plain define replaced it
-                    _torch.set_custom_op_entry(registration.op, None, None)
+        run.notes.extend(self.displaced())
+        replaced = [(old, owner) for _, old, owner in self._adopted] + self._evicted
+        for registration, owner in replaced:
             if registration in owner.registrations:
                 owner.registrations.remove(registration)
             registration.discard()
-        run.notes.extend(self.displaced())
         if previous is not None:
             self._records.pop(previous.key, None)
             self._teardown(previous, revert=False)
@@ -495,50 +534,51 @@ class Session:
                 if not record.has_key and record.defined and record.defined <= run.defined:
                     del self._records[record.key]
                     self._teardown(record, revert=True)
-        replaced = {(id(c.opdef()), c.part) for c in run.changes}
+        changed = {(id(c.opdef()), c.part) for c in run.changes}
         for record in list(self._records.values()):
             record.changes = [
-                c for c in record.changes if c.current and (id(c.opdef()), c.part) not in replaced
+                c for c in record.changes if c.current and (id(c.opdef()), c.part) not in changed
             ]
             if record.empty:
                 del self._records[record.key]
                 self._teardown(record, revert=True)
         if not run.empty:
             self._records[run.key] = run
-        _torch.refresh_operators(refreshed)
 
     def _rollback(self) -> None:
         run = self._run
         assert run is not None
         changes = _torch.custom_op_changes(self._states)
-        ops = {r.op for r in run.registrations if r.kind == "def" and r.applied}
-        ops |= {r.op for r, _ in self._evicted if r.kind == "def"}
-        releases = [_torch.keep_operator_alive(op) for op in sorted(ops)]
-        try:
-            self._restore_bindings(run)
-            for registration in reversed(run.registrations):
-                registration.discard()
-            for change in reversed(changes):
-                change.revert()
-            self._release_resources(run)
-            for qualname, (opdef, library) in run.custom_ops.items():
-                _torch.set_custom_op_entry(qualname, opdef, library)
-            for registration, owner in sorted(self._evicted, key=lambda pair: pair[0].seq):
-                if owner is not run:
-                    registration.reapply()
-            for change in self._reverted:
-                change.reapply()
-        finally:
-            for release in releases:
-                release()
-        _torch.refresh_operators(ops)
+        created = {id(library) for library in run.live_libraries()}
+        adopted = {id(new): old for new, old, _ in self._adopted}
+        defined = set()
+        for registration in reversed(run.registrations):
+            if id(registration) in adopted:
+                registration.give_back(adopted[id(registration)])
+                continue
+            if registration.kind == "def" and registration.applied:
+                defined.add(registration.op)
+            registration.discard()
+        _torch.refresh_operators(defined)  # objects made for the failed run's definitions
+        for change in reversed(changes):
+            change.revert()
+        self._release_resources(run)
+        self._restore_bindings(created)  # only now: the run's Libraries must outlive give_back
+        for qualname, (opdef, library) in run.custom_op_entries.items():
+            _torch.set_custom_op_entry(qualname, opdef, library)
+        for registration, owner in sorted(self._evicted, key=lambda pair: pair[0].seq):
+            if owner is not run:
+                registration.reapply()
+        self._restore_stashes(list(self._stashes))
+        for change in self._reverted:
+            change.reapply()
 
-    def _restore_bindings(self, run: CellRecord) -> None:
-        """Names the failed run bound to its new custom ops and Libraries get their old values."""
+    def _restore_bindings(self, created: set[int]) -> None:
+        """Names the failed run bound to its new custom ops and Libraries (``created``: ids of
+        the Libraries) get their previous values."""
         namespace = self._namespace
         if namespace is None:
             return
-        created = {id(lib) for lib in run.live_libraries()}
         for name, value in list(namespace.items()):
             new_opdef = _torch.is_custom_op_def(value) and id(value) not in self._states
             if new_opdef or id(value) in created:
@@ -549,9 +589,9 @@ class Session:
 
     def _teardown(self, record: CellRecord, revert: bool) -> None:
         """Undo everything a run left in effect."""
+        refreshed = {r.op for r in record.registrations if r.kind == "def" and r.applied}
         for registration in reversed(record.registrations):
             registration.discard()
-        refreshed = {r.op for r in record.registrations if r.kind == "def"}
         record.registrations.clear()
         if revert:
             for change in reversed(record.changes):

@@ -12,6 +12,7 @@ import functools
 import inspect
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -272,8 +273,6 @@ _PYTHON_REGISTRATIONS = {
     "register_symm_mem_args": "symm_mem_args",
     "_register_effectful_op": "effect",
 }
-# keys whose kernel slot briefly holds a fallthrough while an operator's definition is swapped
-_KEEP_ALIVE_KEYS = ("FPGA", "VE", "MAIA", "Vulkan", "Metal")
 
 
 class RegistrationRouter(Protocol):
@@ -365,6 +364,7 @@ class DispatcherRegistration(Registration):
         super().__init__()
         self.module, self.method, self.args, self.site = module, method, args, site
         self._library: Any = None
+        self.result: Any = None
         namespace = module.namespace
         if method == "define":
             self.kind, self.key = "def", None
@@ -382,18 +382,49 @@ class DispatcherRegistration(Registration):
         if kind is not None:
             self.kind = kind
 
+    @functools.cached_property
+    def definition(self) -> tuple[str, str, frozenset]:
+        """A def's normalised schema, alias analysis and tags (raises on a bad schema)."""
+        schema, alias_analysis, tags = self.args
+        parsed = _C.parse_schema(f"{self.module.namespace}::{schema}")
+        return str(parsed), alias_analysis, frozenset(tags)
+
+    def adopt(self, previous: DispatcherRegistration) -> None:
+        """Take over an identical previous def instead of defining the operator again.
+
+        The dispatcher keeps the operator's entry untouched, so every OpOverload and the
+        dispatcher's own per-entry Python cache stay valid.
+        """
+        self._library, previous._library = previous._library, None
+        self.result, self.state, previous.state = previous.result, "applied", "removed"
+        self.module.own(self.op, previous.module)
+
+    def give_back(self, previous: DispatcherRegistration) -> None:
+        """Undo ``adopt``: the previous def owns the operator again."""
+        previous._library, self._library = self._library, None
+        previous.state, self.state = ("applied" if previous._library else "removed"), "dead"
+        previous.reapply()  # only when the adopted library was destroyed meanwhile
+        previous.module.own(self.op, self.module)
+        self.module.registrations.pop(id(self), None)
+
     def apply(self) -> Any:
         """Make the registration for the first time; returns what torch's call returned."""
+        if self.state == "applied":  # adopted
+            return self.result
         library_kind = "DEF" if self.method == "claim" else self.module.registration_kind
         library = _C._dispatch_library(
             library_kind, self.module.namespace, self.module.dispatch_key, *self.site
         )
         try:
-            result = None if self.method == "claim" else getattr(library, self.method)(*self.args)
+            with warnings.catch_warnings(record=True) as caught:
+                register = getattr(library, self.method, None)
+                result = None if self.method == "claim" else register(*self.args)
         except BaseException:
             library.reset()
             raise
-        self._library = library
+        for warning in caught:  # torch's warnings (e.g. "Overriding ...") name the cell's line
+            warnings.warn_explicit(warning.message, warning.category, *self.site)
+        self._library, self.result = library, result
         self.state = "applied"
         return result
 
@@ -487,8 +518,10 @@ class RoutedModule:
     Library's real module unchanged.
     """
 
-    def __init__(self, base: Any, kind: str, namespace: str, dispatch_key: str) -> None:
+    def __init__(self, library: Any, base: Any) -> None:
+        self.library = weakref.ref(library)
         self.base = base
+        kind, namespace, dispatch_key = library.kind, library.ns, library.dispatch_key
         self.namespace, self.dispatch_key = namespace, dispatch_key
         self.registration_kind = "IMPL" if kind == "IMPL" else "FRAGMENT"
         self.registrations: dict[int, DispatcherRegistration] = {}
@@ -513,6 +546,14 @@ class RoutedModule:
     def register_ad_inplace_or_view_fallback(self, name: str) -> Any:
         """custom_op's ADInplaceOrView kernel for mutating and view operators."""
         return self._route("register_ad_inplace_or_view_fallback", name)
+
+    def own(self, op: str, other: RoutedModule) -> None:
+        """Move a definition's Python bookkeeping (``Library._op_defs``) here from ``other``."""
+        mine, theirs = self.library(), other.library()
+        if theirs is not None:
+            theirs._op_defs.discard(op)
+        if mine is not None:
+            mine._op_defs.add(op)
 
     def reset(self) -> None:
         """The Library is destroyed: everything made through it goes."""
@@ -627,7 +668,7 @@ def _route_library(library: Any) -> RoutedModule:
     """Give a Library a RoutedModule (once); it is reset when the Library is collected."""
     if isinstance(library.m, RoutedModule):
         return library.m
-    module = RoutedModule(library.m, library.kind, library.ns, library.dispatch_key)
+    module = RoutedModule(library, library.m)
     library.m = module
     weakref.finalize(library, module.reset)
     _routed_libraries.add(library)
@@ -713,19 +754,44 @@ def _reinstate_fake(qualname: str, kernel: Any) -> Any:
     return RegistrationHandle(lambda: holder.kernels.remove(kernel))
 
 
-def keep_operator_alive(qualname: str) -> Callable[[], None]:
-    """Hold an operator's dispatcher entry while its definition is swapped; returns the release.
+def take_cached_overloads(qualname: str) -> Any | None:
+    """Remove an operator's cached ``torch.ops`` packet (with its OpOverloads); returns it.
 
-    When an operator loses its last registration the dispatcher frees its entry, and every
-    ``OpOverload`` still pointing at it would crash when called. A fallthrough kernel on a
-    key the operator has no kernel for keeps the entry without changing any call.
+    Called when the operator's dispatcher entry is about to go, so that new lookups make new
+    objects; ``restore_cached_overloads`` brings the old objects back if the entry returns.
     """
-    registered = {line.split(":", 1)[0] for line in _C._dispatch_dump(qualname).splitlines()}
-    key = next(k for k in _KEEP_ALIVE_KEYS if k not in registered)
     namespace, name = qualname.split("::", 1)
-    library = _C._dispatch_library("FRAGMENT", namespace, "", __file__, 0)
-    library.impl(name, key, torch.library.fallthrough_kernel, False)
-    return library.reset
+    name = name.split(".", 1)[0]
+    ops_namespace = vars(torch.ops).get(namespace)
+    packet = None if ops_namespace is None else vars(ops_namespace).pop(name, None)
+    if packet is not None and name in ops_namespace._dir:
+        ops_namespace._dir.remove(name)
+    refresh_operators([qualname])
+    return packet
+
+
+def restore_cached_overloads(qualname: str, packet: Any) -> None:
+    """Point a packet taken by ``take_cached_overloads`` and its OpOverloads at the operator's
+    re-created dispatcher entry, and cache it again, so that every object (and every kernel
+    closure) holding the old ones works.
+    """
+    for overload in list(vars(packet).values()):
+        if isinstance(overload, torch._ops.OpOverload):
+            name, _, overload_name = overload._name.partition(".")
+            found = _C._get_operation_overload(name, overload_name)
+            if found is None:
+                continue
+            overload._op, overload._op_dk, overload._tags = found
+            overload._op.__module__ = packet.__module__
+            overload._schema = _C._get_schema(name, overload_name)
+            vars(overload).pop("_handle", None)
+    torch._ops._refresh_packet(packet)
+    namespace, name = qualname.split("::", 1)
+    name = name.split(".", 1)[0]
+    ops_namespace = getattr(torch.ops, namespace)
+    setattr(ops_namespace, name, packet)
+    if name not in ops_namespace._dir:
+        ops_namespace._dir.append(name)
 
 
 def destroy_library(library: Any) -> None:
