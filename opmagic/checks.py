@@ -79,6 +79,7 @@ def describe_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
 
 
 def _describe(value: Any) -> str:
+    """One sample argument in a few characters (``float32[3]``)."""
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).removeprefix("torch.")
         grad = ", requires_grad" if value.requires_grad else ""
@@ -90,6 +91,7 @@ def _describe(value: Any) -> str:
 
 
 def _opcheck_row(name: str, outcome: Any) -> CheckRow:
+    """A row from one of opcheck's outcomes: ``"SUCCESS"``, a skip reason or an exception."""
     if outcome == "SUCCESS":
         return CheckRow(name, "pass", "")
     if isinstance(outcome, str):
@@ -110,11 +112,13 @@ def _gradcheck(op: Any, args: tuple, kwargs: dict[str, Any]) -> CheckRow:
 
 
 def _as_grad_input(value: Any) -> Any:
+    """A floating-point tensor as a float64 leaf that needs grad; anything else unchanged."""
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value.detach().to(torch.float64).requires_grad_(True)
     return value
 
 
 def _first_line(error: BaseException) -> str:
+    """``Type: first line of the message``, to fit a table cell."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"

@@ -89,7 +89,7 @@ class CustomOpResult:
     @functools.cached_property
     def kernels(self) -> tuple[KernelRow, ...]:
         """What serves each key the op's definition and companions registered."""
-        return tuple(custom_op_kernels(self.op))
+        return tuple(custom_op_kernels(self.op, self.table))
 
     @functools.cached_property
     def table(self) -> DispatchTable:
@@ -165,12 +165,14 @@ class _Collector:
         self.companions.append(_Companion("autocast", None, (device_type, cast_inputs), line))
 
     def _record(self, kind: str, function: Callable, *arguments: Any) -> Callable:
+        """Remember a companion and the line it was written at; the function is unchanged."""
         code = getattr(function, "__code__", None)
         line = code.co_firstlineno if code is not None else _caller_line(self.filename)
         self.companions.append(_Companion(kind, function, arguments, line))
         return function
 
     def _expect_arguments(self, name: str, argument: Any, example: str) -> None:
+        """``@kernel``/``@torch_dispatch`` used without their argument: say how to write it."""
         if callable(argument) and not isinstance(argument, (str, type)):
             raise CellSourceError(
                 f"{label_location(self.filename, _caller_line(self.filename))}: @{name} takes "
@@ -258,10 +260,15 @@ def parse_operator_name(name: str) -> str:
     return f"{namespace}::{op_name}"
 
 
-def custom_op_kernels(op: Any) -> list[KernelRow]:
-    """What the op's definition and companions registered, per dispatch key, with sources."""
+def custom_op_kernels(op: Any, table: DispatchTable | None = None) -> list[KernelRow]:
+    """What the op's definition and companions registered, per dispatch key, with sources.
+
+    ``table`` is the op's dispatch table when the caller has it already.
+    """
     parts = _torch.custom_op_parts(op)
-    registered = {r.key: r for r in dispatch_table(op).registrations if r.active}
+    table = table if table is not None else dispatch_table(op)
+    assert isinstance(table, DispatchTable)
+    registered = {r.key: r for r in table.registrations if r.active}
     rows = []
     for device, fn in parts["device_kernels"].items():
         key = _torch.dispatch_key_for_device(device) if device else "CompositeExplicitAutograd"
@@ -292,6 +299,7 @@ def custom_op_kernels(op: Any) -> list[KernelRow]:
 
 
 def _function_row(key: str, role: str, fn: Any) -> KernelRow:
+    """A kernel row naming a Python function and the cell line it was written at."""
     code = getattr(fn, "__code__", None)
     name = getattr(fn, "__name__", repr(fn))
     where = label_location(code.co_filename, code.co_firstlineno) if code is not None else ""
@@ -314,6 +322,7 @@ def _refuse_foreign(qualname: str) -> None:
 
 
 def _parse(source: str, filename: str) -> ast.Module:
+    """The cell's syntax tree; a syntax error names its cell line."""
     try:
         return ast.parse(source, filename)
     except SyntaxError as error:
@@ -360,6 +369,7 @@ def _operator_function(tree: ast.Module, qualname: str, filename: str) -> ast.Fu
 
 
 def _is_companion(decorator: ast.expr) -> bool:
+    """Whether a decorator is one of the companion decorators (``@fake``, ``@kernel(...)``)."""
     target = decorator.func if isinstance(decorator, ast.Call) else decorator
     return isinstance(target, ast.Name) and target.id in COMPANIONS
 
@@ -433,6 +443,7 @@ def _cell_error(error: BaseException, filename: str, qualname: str) -> CellSourc
 def _infer_schema(
     function: Callable, mutates_args: Any, where: str, filename: str, line: int
 ) -> None:
+    """Infer the schema as custom_op will, to report a failure at the function's line."""
     try:
         torch.library.infer_schema(function, mutates_args=mutates_args)
     except ValueError as error:
@@ -471,6 +482,7 @@ def _make_op(
     tags: Iterable[torch.Tag],
     filename: str,
 ) -> Any:
+    """``torch.library.custom_op`` on the function, recorded at the function's cell line."""
     line = function.__code__.co_firstlineno
     with registration_site(filename, line), _reported(filename, line):
         return torch.library.custom_op(
@@ -501,6 +513,7 @@ def _apply_companions(op: Any, companions: list[_Companion], filename: str) -> N
 
 
 def _register(op: Any, companion: _Companion, setup_context: _Companion | None) -> None:
+    """Register one companion with the torch.library method it stands for."""
     fn, arguments = companion.function, companion.arguments
     if companion.kind == "fake":
         op.register_fake(fn)

@@ -445,6 +445,7 @@ class Session:
             self._evict(victim, record)
 
         def release(applied: bool) -> None:
+            """Bring back the victims (all when the replacement failed, else ``reapply_after``)."""
             again = reapply_after if applied else victims
             for record, victim in sorted(again, key=lambda pair: pair[1].seq):
                 victim.reapply()
@@ -502,6 +503,7 @@ class Session:
     # ---------------------------------------------------------------- internals
 
     def _applied(self) -> Iterator[tuple[CellRecord, _torch.Registration]]:
+        """Every registration in effect, with the record of the run that made it."""
         for record in [*self._records.values(), self._outside, self._run]:
             if record is not None:
                 for registration in record.registrations:
@@ -509,10 +511,12 @@ class Session:
                         yield record, registration
 
     def _evict(self, registration: _torch.Registration, owner: CellRecord) -> None:
+        """Remove a registration for the running cell, remembering it for a rollback."""
         registration.remove()
         self._evicted.append((registration, owner))
 
     def _commit(self) -> None:
+        """The cell succeeded: drop for good what it replaced, and record what it made."""
         run, previous = self._run, self._previous
         assert run is not None
         run.changes = _torch.custom_op_changes(self._states)
@@ -546,6 +550,7 @@ class Session:
             self._records[run.key] = run
 
     def _rollback(self) -> None:
+        """The cell failed: remove what it registered and bring back what it replaced."""
         run = self._run
         assert run is not None
         changes = _torch.custom_op_changes(self._states)
@@ -606,6 +611,7 @@ class Session:
 
     @staticmethod
     def _release_resources(record: CellRecord) -> None:
+        """Destroy the run's Library objects and close the handles it tracked."""
         for library in record.live_libraries():
             _torch.destroy_library(library)
         record.libraries.clear()

@@ -566,6 +566,7 @@ class RoutedModule:
         return getattr(self.base, name)
 
     def _route(self, method: str, *args: Any) -> Any:
+        """A captured call gets its own registration; any other reaches the real module."""
         router = _router
         site = router.capture_site() if router is not None else None
         if site is None:
@@ -680,6 +681,7 @@ def _routing_entry(method: Any) -> Any:
 
     @functools.wraps(method)
     def entry(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """Route the Library, then run torch's method."""
         router = _router
         if router is not None and self.m is not None and router.capture_site() is not None:
             _route_library(self)
@@ -694,6 +696,7 @@ def _python_registering(name: str, method: Any) -> Any:
 
     @functools.wraps(method)
     def registering(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run torch's method one frame deeper, recording the handles a captured call adds."""
         bound = signature.bind(self, *args, **kwargs)
         if "_stacklevel" in signature.parameters:  # torch finds its caller this many frames up
             bound.arguments["_stacklevel"] = bound.arguments.get("_stacklevel", 1) + 1
@@ -740,6 +743,7 @@ def _qualify(namespace: str, name: str) -> str:
 
 
 def _fake_holder(qualname: str) -> Any:
+    """The registry entry holding an operator's fake impls."""
     from torch._library import simple_registry
 
     return simple_registry.singleton.find(qualname).fake_impl
@@ -911,6 +915,7 @@ class CustomOpChange:
         self._swap(self.before, self.after)
 
     def _swap(self, expected: Any, value: Any) -> None:
+        """Set the part to ``value`` if it still holds ``expected``."""
         opdef = self.opdef()
         if opdef is None or not _same(_custom_op_value(opdef, self.part), expected):
             return
@@ -967,6 +972,7 @@ def custom_op_changes(states: dict[int, tuple[Any, dict[tuple, Any]]]) -> list[C
 
 
 def _custom_op_state(opdef: Any) -> dict[tuple, Any]:
+    """A CustomOpDef's companion state flattened to ``{(attribute[, key]): value}``."""
     state: dict[tuple, Any] = {(name,): getattr(opdef, name, None) for name in _CUSTOM_OP_VALUES}
     for name in _CUSTOM_OP_DICTS:
         for key, value in (getattr(opdef, name, None) or {}).items():
@@ -976,6 +982,7 @@ def _custom_op_state(opdef: Any) -> dict[tuple, Any]:
 
 
 def _custom_op_value(opdef: Any, part: tuple) -> Any:
+    """The current value of one part of a CustomOpDef's companion state."""
     if part[0] == "_disabled_kernel":
         return frozenset(opdef._disabled_kernel)
     if len(part) == 1:
@@ -984,4 +991,5 @@ def _custom_op_value(opdef: Any, part: tuple) -> Any:
 
 
 def _same(a: Any, b: Any) -> bool:
+    """Whether two state values are the same (identity; frozensets by value)."""
     return a is b or (isinstance(a, frozenset) and a == b)

@@ -36,6 +36,7 @@ def aligned(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
 
 
 def _html_rows(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None) -> str:
+    """An HTML table of text cells, with an optional header row."""
     head = "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>" if header else ""
     body = "".join(
         "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows

@@ -293,6 +293,7 @@ def test_the_op_has_the_registrations_plain_custom_op_makes(cells: Cells) -> Non
     )
 
     def registrations(op: str) -> list[str]:
+        """The keys an operator has registrations for, as the dispatcher lists them."""
         dump = torch._C._dispatch_dump(op).split("alias analysis kind")[1]
         return [line.split(":")[0] for line in dump.splitlines()[1:]]
 

@@ -288,6 +288,7 @@ class Handle:
         self.name = name
 
     def close(self) -> None:
+        """Record that the session closed this handle."""
         Handle.closed.append(self.name)
 
 
@@ -314,6 +315,7 @@ def test_front_ends_track_handles_per_cell(cells: Cells) -> None:
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
+    """An operator function for an op defined outside the session."""
     return x.clone()
 
 
