@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from IPython.core.error import UsageError
@@ -319,3 +320,31 @@ def test_custom_op_from_source_without_ipython() -> None:
     finally:
         namespace["twice"]._lib._destroy()
     assert again.op is namespace["twice"]
+
+
+def _outside(x: torch.Tensor) -> torch.Tensor:
+    """The function of an op made outside any cell."""
+    return torch.from_numpy(np.sin(x.numpy()))
+
+
+def _resolution_text(op: object, args: tuple) -> tuple:
+    """What resolve says about a call, with the operator's and functions' names left out."""
+    resolution = opmagic.resolve(op, *args)
+    notes = [step.note.split(" (")[0] for step in resolution.steps]
+    text = " | ".join([*resolution.path, str(resolution.error), *notes])
+    return re.sub(r"t_read::\w+|impl \w+", "OP", text)
+
+
+def test_tables_and_resolve_read_session_ops_like_plain_ones(cells: Cells) -> None:
+    cells.run(SIN.format(ns="t_read", options=""))
+    outside = torch.library.custom_op("t_read::outside", mutates_args=())(_outside)
+    try:
+        for args in ((torch.randn(2, device="meta"),), (torch.randn(2, requires_grad=True),)):
+            made = _resolution_text("t_read::numpy_sin", args)
+            assert "raises NotImplementedError" in made or "no backward" in made
+            assert made == _resolution_text(outside, args)
+        tables = [opmagic.dispatch_table(op) for op in ("t_read::numpy_sin", outside)]
+        described = [[(e.key, e.kind, (e.impl or "")[:14]) for e in t.entries] for t in tables]
+        assert described[0] == described[1]
+    finally:
+        outside._lib._destroy()

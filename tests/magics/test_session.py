@@ -150,6 +150,44 @@ def test_a_failing_rerun_leaves_the_previous_registration_in_place(
     assert torch.ops.t_fail.f(torch.zeros(1)).item() == 7
 
 
+AUTOGRAD_OP = """
+@torch.library.custom_op("t_schema::f", mutates_args=())
+def f(x: Tensor{extra}) -> Tensor:
+    return x * 2
+
+f.register_autograd(lambda ctx, grad: grad * 2, setup_context=lambda ctx, inputs, output: None)
+"""
+
+
+def test_an_identical_redefinition_keeps_the_same_overload_objects(cells: Cells) -> None:
+    cells.run(AUTOGRAD_OP.format(extra=""), "c")
+    overload = torch.ops.t_schema.f.default
+    cells.run(AUTOGRAD_OP.format(extra=""), "c")
+    assert torch.ops.t_schema.f.default is overload  # what __torch_dispatch__ sees as func
+    assert cells.ns["f"]._opoverload is overload
+
+
+def test_a_failing_rerun_that_changed_the_schema_restores_a_working_op(cells: Cells) -> None:
+    cells.run(AUTOGRAD_OP.format(extra=""), "c")
+    opdef, overload = cells.ns["f"], torch.ops.t_schema.f.default
+    cells.fail(AUTOGRAD_OP.format(extra=", n: int") + "raise ValueError", "c")
+    x = torch.ones(2, requires_grad=True)
+    for op in (opdef, overload, torch.ops.t_schema.f, cells.ns["f"]):
+        y = op(x)
+        (grad,) = torch.autograd.grad(y.sum(), x)  # the backward closes over the OpOverload
+        assert y.tolist() == [2, 2] and grad.tolist() == [2, 2]
+    cells.run(AUTOGRAD_OP.format(extra=", n: int"), "c")
+    assert torch.ops.t_schema.f(torch.ones(1), 3).item() == 2
+
+
+def test_an_op_defined_twice_in_one_cell_keeps_the_second(cells: Cells, dump) -> None:
+    twice = CUSTOM_OP.format(ns="t_twice", value=1) + CUSTOM_OP.format(ns="t_twice", value=2)
+    for _ in range(3):
+        cells.run(twice, "c")
+    assert torch.ops.t_twice.f(torch.zeros(1)).item() == 2
+    assert dump("t_twice::f").count("CompositeExplicitAutograd") == 1
+
+
 def test_a_failing_first_run_registers_nothing(cells: Cells) -> None:
     cells.fail(CUSTOM_OP.format(ns="t_first", value=1) + "\n1 / 0")
     assert not [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("t_first::")]
