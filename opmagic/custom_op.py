@@ -206,12 +206,11 @@ def custom_op_from_source(
     function's name. Problems with the source raise :class:`CellSourceError` naming the line.
     """
     qualname = parse_operator_name(name)
-    filename = filename or f"<custom_op {qualname}>"
+    if filename is None:  # a name of our own: tracebacks and messages read the source from here
+        filename = f"<custom_op {qualname}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     namespace = {} if namespace is None else namespace
     namespace.setdefault("__builtins__", __builtins__)
-    linecache.cache.setdefault(
-        filename, (len(source), None, source.splitlines(keepends=True), filename)
-    )
     _refuse_foreign(qualname)
     tree = _parse(source, filename)
     function_node = _operator_function(tree, qualname, filename)

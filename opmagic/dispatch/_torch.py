@@ -358,9 +358,7 @@ class Registration(abc.ABC):
 class DispatcherRegistration(Registration):
     """A def, kernel, fallback or namespace claim held in a C++ library of its own."""
 
-    def __init__(
-        self, module: RoutedModule, method: str, args: tuple, site: Site, kind: str | None = None
-    ) -> None:
+    def __init__(self, module: RoutedModule, method: str, args: tuple, site: Site) -> None:
         super().__init__()
         self.module, self.method, self.args, self.site = module, method, args, site
         self._library: Any = None
@@ -379,8 +377,6 @@ class DispatcherRegistration(Registration):
             self.kind, self.op, self.key = "impl", _qualify(namespace, args[0]), "ADInplaceOrView"
         else:
             self.kind, self.op, self.key = "impl", _qualify(namespace, args[0]), args[1]
-        if kind is not None:
-            self.kind = kind
 
     @functools.cached_property
     def definition(self) -> tuple[str, str, frozenset]:
@@ -415,10 +411,11 @@ class DispatcherRegistration(Registration):
         library = _C._dispatch_library(
             library_kind, self.module.namespace, self.module.dispatch_key, *self.site
         )
+        result = None  # a namespace claim is the library itself
         try:
             with warnings.catch_warnings(record=True) as caught:
-                register = getattr(library, self.method, None)
-                result = None if self.method == "claim" else register(*self.args)
+                if self.method != "claim":
+                    result = getattr(library, self.method)(*self.args)
         except BaseException:
             library.reset()
             raise
