@@ -308,10 +308,13 @@ class Session:
 
         Called while a cell runs, the handle belongs to that cell: it is closed when the
         cell runs again and succeeds, when the run that tracked it fails, or at
-        ``close()``. Outside a cell it is closed at ``close()``. Returns ``handle``.
+        ``close()``. Outside a cell it is closed at ``close()``. ``%opmagic session`` shows
+        ``description``, else the handle's own ``description`` attribute, else ``str(handle)``.
+        Returns ``handle``.
         """
         record = self._run if self._run is not None else self._outside
-        record.handles.append(TrackedHandle(handle, description or str(handle)))
+        description = description or getattr(handle, "description", None) or str(handle)
+        record.handles.append(TrackedHandle(handle, description))
         return handle
 
     def superseded_handles(self) -> list[Any]:
@@ -640,8 +643,9 @@ def foreign_operator_message(qualname: str) -> str:
     """Why opmagic will not redefine an operator defined outside the session."""
     name = qualname.split("::", 1)[1]
     return (
-        f"{qualname} is already defined outside this opmagic session, so a cell may not "
-        "redefine it: the session could not restore it on re-run or %unload_ext. Choose "
+        f"{qualname} is already defined outside this opmagic session (by code run before "
+        "%load_ext opmagic, by an imported module, or by torch), so a cell may not redefine "
+        "it: the session could not restore it on re-run or %unload_ext. Choose "
         f"another name (e.g. mylib::{name}); to add kernels to an existing operator, use "
         "torch.library.register_kernel or register_fake in a cell."
     )

@@ -324,6 +324,7 @@ class Handle:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.description = f"lib {name}"  # what %opmagic session shows
 
     def close(self) -> None:
         """Record that the session closed this handle."""
@@ -333,7 +334,7 @@ class Handle:
 def test_front_ends_track_handles_per_cell(cells: Cells) -> None:
     Handle.closed.clear()
     cells.ns["Handle"] = Handle
-    track = "import opmagic\nopmagic.active_session().track(Handle({name!r}), 'lib {name}')\n"
+    track = "import opmagic\nopmagic.active_session().track(Handle({name!r}))\n"
     cells.run(track.format(name="one"), "c")
     assert "lib one" in str(cells.shell.run_line_magic("opmagic", "session"))
     cells.run(track.format(name="two"), "c")
