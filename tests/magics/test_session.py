@@ -373,36 +373,40 @@ def test_custom_op_will_not_replace_an_op_defined_outside_the_session(cells: Cel
 
 @pytest.mark.filterwarnings("ignore:Warning only once for all operators")
 def test_unload_leaves_the_dispatcher_as_before_loading(ipython) -> None:
-    cells = Cells(ipython)
-    cells.run("import torch\nfrom torch import Tensor")
-    names = torch._C._dispatch_get_all_op_names()
-    tables = {name: torch._C._dispatch_dump_table(name) for name in names}
-    state = DispatcherState.now()
-    ipython.run_line_magic("load_ext", "opmagic")
-    for kind, source in RERUN_CELLS.items():
-        cells.run(source.format(ns=f"unload_{len(kind)}", value=1), kind)
-    overrides = ipython.run_cell(  # overriding aten kernels warns (once per process)
-        textwrap.dedent("""
-        aten = torch.library.Library("aten", "IMPL")
-        aten.impl("div.Tensor", lambda self, other: self * 0, "CPU")
-        class Mode(torch.utils._python_dispatch.TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                return func(*args, **(kwargs or {}))
-        torch.library.register_torch_dispatch("aten::sin", Mode, lambda *a: None)
-        torch.library.register_fake("aten::digamma", lambda x: torch.empty_like(x))
-        """),
-        store_history=True,
-    )
-    assert overrides.success
-    assert (torch.ones(1) / torch.ones(1)).item() == 0
-    ipython.run_line_magic("unload_ext", "opmagic")
-    assert torch._C._dispatch_get_all_op_names() == names
-    assert {name: torch._C._dispatch_dump_table(name) for name in names} == tables
-    assert DispatcherState.now() == state
-    assert (torch.ones(1) / torch.ones(1)).item() == 1
-    assert torch._library.simple_registry.singleton.find("aten::digamma").fake_impl.kernel is None
-    rules = torch._library.simple_registry.singleton.find("aten::sin").torch_dispatch_rules
-    assert rules.find(ipython.user_ns["Mode"]) is None
+    try:
+        cells = Cells(ipython)
+        cells.run("import torch\nfrom torch import Tensor")
+        names = torch._C._dispatch_get_all_op_names()
+        tables = {name: torch._C._dispatch_dump_table(name) for name in names}
+        state = DispatcherState.now()
+        ipython.run_line_magic("load_ext", "opmagic")
+        for kind, source in RERUN_CELLS.items():
+            cells.run(source.format(ns=f"unload_{len(kind)}", value=1), kind)
+        overrides = ipython.run_cell(  # overriding aten kernels warns (once per process)
+            textwrap.dedent("""
+            aten = torch.library.Library("aten", "IMPL")
+            aten.impl("div.Tensor", lambda self, other: self * 0, "CPU")
+            class Mode(torch.utils._python_dispatch.TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    return func(*args, **(kwargs or {}))
+            torch.library.register_torch_dispatch("aten::sin", Mode, lambda *a: None)
+            torch.library.register_fake("aten::digamma", lambda x: torch.empty_like(x))
+            """),
+            store_history=True,
+        )
+        assert overrides.success
+        assert (torch.ones(1) / torch.ones(1)).item() == 0
+        ipython.run_line_magic("unload_ext", "opmagic")
+        assert torch._C._dispatch_get_all_op_names() == names
+        assert {name: torch._C._dispatch_dump_table(name) for name in names} == tables
+        assert DispatcherState.now() == state
+        assert (torch.ones(1) / torch.ones(1)).item() == 1
+        registry = torch._library.simple_registry.singleton
+        assert registry.find("aten::digamma").fake_impl.kernel is None
+        rules = registry.find("aten::sin").torch_dispatch_rules
+        assert rules.find(ipython.user_ns["Mode"]) is None
+    finally:
+        ipython.reset()
 
 
 def test_the_session_works_without_ipython() -> None:
