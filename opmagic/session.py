@@ -543,6 +543,8 @@ class Session:
                     self._teardown(record, revert=True)
         changed = {(id(c.opdef()), c.part) for c in run.changes}
         for record in list(self._records.values()):
+            # registrations whose Library was destroyed or collected are gone already
+            record.registrations = [r for r in record.registrations if r.state != "dead"]
             record.changes = [
                 c for c in record.changes if c.current and (id(c.opdef()), c.part) not in changed
             ]
