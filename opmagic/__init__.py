@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .checks import CheckReport, CheckRow, check_op
+from .custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .dispatch import (
     DispatchTable,
     KeyInfo,
@@ -23,10 +25,14 @@ from .dispatch import (
 from .dispatch.contexts import CallContext
 from .errors import (
     ArgumentsMismatchError,
+    CellSourceError,
+    ForeignOperatorError,
     NotAnOperatorError,
+    OperatorNameError,
     OpmagicError,
     UnknownOperatorError,
 )
+from .session import Session, SessionReport, active_session, registration_site
 
 if TYPE_CHECKING:
     from .view.explorer_widgets import Explorer
@@ -60,19 +66,32 @@ def unload_ipython_extension(ipython: object) -> None:
 __all__ = [
     "ArgumentsMismatchError",
     "CallContext",
+    "CellSourceError",
+    "CheckReport",
+    "CheckRow",
+    "CustomOpResult",
     "DispatchTable",
+    "ForeignOperatorError",
+    "KernelRow",
     "KeyInfo",
     "NotAnOperatorError",
+    "OperatorNameError",
     "OpmagicError",
     "OverloadTables",
     "Resolution",
+    "Session",
+    "SessionReport",
     "Step",
     "TableEntry",
     "UnknownOperatorError",
+    "active_session",
+    "check_op",
+    "custom_op_from_source",
     "dispatch_table",
     "explore",
     "kernels",
     "key_info",
+    "registration_site",
     "resolve",
     "runtime_keys",
 ]

@@ -326,6 +326,7 @@ class _Simulator:
         self.steps: list[Step] = []
         opdef = _torch.custom_op_def(ref.qualname)
         self.custom_op = _torch.custom_op_parts(opdef) if opdef is not None else None
+        self.custom_op_sites = _torch.custom_op_sites(opdef) if opdef is not None else set()
 
     # -------------------------------------------------------------- driver
 
@@ -469,7 +470,11 @@ class _Simulator:
         )
 
     def _custom_op_site(self, entry: TableEntry) -> bool:
-        return self.custom_op is not None and "custom_ops.py" in (entry.site or "")
+        """Whether custom_op made the entry's kernel (an opmagic session records a cell line)."""
+        site = entry.site or ""
+        return self.custom_op is not None and (
+            "custom_ops.py" in site or site in self.custom_op_sites
+        )
 
     # backend keys ------------------------------------------------------------------------
 

@@ -375,9 +375,10 @@ def _custom_op_describer(qualname: str) -> Any:
     if opdef is None:
         return None
     parts = _torch.custom_op_parts(opdef)
+    own_sites = _torch.custom_op_sites(opdef)  # where an opmagic session recorded them
 
     def describe(info: KeyInfo, kind: str, site: str) -> str | None:
-        if "custom_ops.py" not in site:
+        if "custom_ops.py" not in site and site not in own_sites:
             return None
         if info.name == "Meta":
             fake = parts["fake"]

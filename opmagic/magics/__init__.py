@@ -1,7 +1,9 @@
 """The IPython front: ``%load_ext opmagic`` registers every opmagic magic.
 
 Each magic class lives in its own module here and is a thin front on a public opmagic
-function. IPython is imported only when the extension is loaded.
+function. IPython is imported only when the extension is loaded. Loading also starts the
+cell session (every cell's torch.library registrations become re-runnable); unloading
+removes everything the session's cells registered.
 """
 
 from __future__ import annotations
@@ -11,12 +13,17 @@ from typing import Any
 
 # (module, class) of every Magics subclass the extension registers
 MAGIC_CLASSES: list[tuple[str, str]] = [
+    ("session", "SessionMagics"),
+    ("custom_op", "CustomOpMagics"),
     ("views", "ViewMagics"),
 ]
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register opmagic's magics with an IPython shell (``%load_ext opmagic``)."""
+    """Register opmagic's magics with an IPython shell and start the session."""
+    from . import session
+
+    session.start(ipython)
     for module, name in MAGIC_CLASSES:
         magics = getattr(importlib.import_module(f"{__name__}.{module}"), name)
         ipython.register_magics(magics)
@@ -24,8 +31,11 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Undo :func:`load_ipython_extension` (``%unload_ext opmagic``)."""
+    from . import session
+
     for module, name in MAGIC_CLASSES:
         magics = getattr(importlib.import_module(f"{__name__}.{module}"), name)
         for kind, names in magics.magics.items():
             for magic_name in names:
                 ipython.magics_manager.magics[kind].pop(magic_name, None)
+    session.stop()

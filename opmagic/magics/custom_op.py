@@ -1,0 +1,129 @@
+"""``%%custom_op NS::NAME [options]``: a thin front on :func:`opmagic.custom_op_from_source`."""
+
+from __future__ import annotations
+
+import torch
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from ..custom_op import CustomOpResult, custom_op_from_source
+from ..errors import OpmagicError
+
+
+def _unquote(text: str | None) -> str | None:
+    """An option value without the quotes IPython's argument splitting leaves on it."""
+    if text is not None and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """``"x, y"`` -> ``("x", "y")``."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _tags(text: str) -> tuple[torch.Tag, ...]:
+    """torch.Tag members from their names."""
+    tags = []
+    for name in _names(text):
+        tag = getattr(torch.Tag, name, None)
+        if not isinstance(tag, torch.Tag):
+            known = ", ".join(sorted(n for n in dir(torch.Tag) if not n.startswith("_")))
+            raise UsageError(f"--tags: {name!r} is not a torch.Tag; tags are: {known}")
+        tags.append(tag)
+    return tuple(tags)
+
+
+@magics_class
+class CustomOpMagics(Magics):
+    """The ``%%custom_op`` cell magic."""
+
+    @magic_arguments()
+    @argument("name", help="the operator's name, NAMESPACE::NAME (e.g. mylib::numpy_sin)")
+    @argument(
+        "--mutates-args",
+        default="",
+        metavar="NAMES",
+        help="comma-separated names of the arguments the function mutates in place, or "
+        "'unknown' (assume it may mutate every argument); default: it mutates nothing",
+    )
+    @argument(
+        "--device-types",
+        default=None,
+        metavar="TYPES",
+        help="comma-separated device types the function is the kernel for (e.g. cpu or "
+        "cpu,cuda); default: every device (CompositeExplicitAutograd)",
+    )
+    @argument(
+        "--schema",
+        default=None,
+        help="the schema to use instead of inferring it from the type hints, e.g. "
+        "'(Tensor x, int n) -> Tensor'",
+    )
+    @argument(
+        "--tags",
+        default="",
+        metavar="TAGS",
+        help="comma-separated torch.Tag names for the operator, e.g. pt2_compliant_tag",
+    )
+    @argument(
+        "--check",
+        default=None,
+        metavar="EXPR",
+        help="a Python expression for sample arguments (a tuple is the argument list); runs "
+        "torch.library.opcheck, and gradcheck when the cell has a @backward, and shows "
+        "a pass/fail table",
+    )
+    @cell_magic
+    def custom_op(self, line: str, cell: str) -> CustomOpResult:
+        """Make a PyTorch custom operator from the type-hinted function in this cell.
+
+        The function becomes ``torch.library.custom_op(NAME, ...)`` and is bound under its
+        own name, so ``numpy_sin(x)`` and ``torch.ops.mylib.numpy_sin(x)`` both work. The
+        operator's function is the one named like the operator, else the only top-level
+        function that is not a companion and not private (``_helper``).
+
+        Companions, written in the same cell (these names exist only while it runs)::
+
+            @fake                      register_fake: the FakeTensor/meta implementation
+            @setup_context             register_autograd: what backward needs ...
+            @backward                  ... and the gradient formula
+            @kernel("cuda")            register_kernel for some device types
+            @vmap                      register_vmap: (info, in_dims, *args)
+            @torch_dispatch(MyMode)    register_torch_dispatch under a mode or subclass
+            autocast("cpu", torch.bfloat16)   register_autocast
+
+        The cell shows the schema, what it registered per dispatch key (with its cell
+        line) and the operator's dispatch table. Re-running the cell replaces the operator;
+        a cell that fails leaves the previous one in place. Example::
+
+            %%custom_op mylib::numpy_sin --check "torch.randn(3),"
+            def numpy_sin(x: torch.Tensor) -> torch.Tensor:
+                return torch.from_numpy(np.sin(x.numpy()))
+
+            @fake
+            def _(x):
+                return torch.empty_like(x)
+        """
+        args = parse_argstring(self.custom_op, line)
+        mutates = _unquote(args.mutates_args) or ""
+        device_types = _unquote(args.device_types)
+        devices = _names(device_types) if device_types is not None else None
+        source = f"# %%custom_op {line}\n{cell}"
+        shell = self.shell
+        filename = shell.compile.cache(source, shell.execution_count, raw_code=source)
+        try:
+            return custom_op_from_source(
+                source,
+                args.name,
+                mutates_args="unknown" if mutates.strip() == "unknown" else _names(mutates),
+                device_types=devices[0] if devices and len(devices) == 1 else devices,
+                schema=_unquote(args.schema),
+                tags=_tags(_unquote(args.tags) or ""),
+                namespace=shell.user_ns,
+                filename=filename,
+                check=_unquote(args.check),
+            )
+        except OpmagicError as error:
+            raise UsageError(f"%%custom_op {args.name}: {error}") from error

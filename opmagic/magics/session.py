@@ -1,0 +1,115 @@
+"""The IPython side of the session: cell events, ``cell [n], line k`` labels, ``%opmagic``.
+
+``%load_ext opmagic`` starts an :class:`IPythonSession`: each cell run is bracketed by
+IPython's ``pre_run_cell``/``post_run_cell`` events, so that the registrations it makes are
+owned by it (see :mod:`opmagic.session`). Jupyter front ends send a cell id, which
+identifies a cell across runs; without one (terminal IPython, nbclient) every run is a new
+cell and re-runs are recognised by the operators they define.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from ..dispatch.sites import add_labeler, remove_labeler
+from ..errors import OpmagicError
+from ..session import Session, SessionReport
+
+_INPUT_CELL = re.compile(r"^<ipython-input-(\d+)-")
+
+_running: IPythonSession | None = None
+
+
+class IPythonSession:
+    """A :class:`Session` driven by an IPython shell's cell events."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.session = Session(is_cell_code=self.is_cell_code)
+
+    def start(self) -> None:
+        """Start tracking cells (and name cell sites ``cell [n], line k`` in tables)."""
+        self.session.start()
+        self.shell.events.register("pre_run_cell", self.pre_run_cell)
+        self.shell.events.register("post_run_cell", self.post_run_cell)
+        add_labeler(self.label)
+
+    def stop(self) -> None:
+        """Stop tracking and remove everything the session's cells registered."""
+        for event, callback in (
+            ("pre_run_cell", self.pre_run_cell),
+            ("post_run_cell", self.post_run_cell),
+        ):
+            if callback in self.shell.events.callbacks[event]:
+                self.shell.events.unregister(event, callback)
+        remove_labeler(self.label)
+        self.session.close()
+
+    def pre_run_cell(self, info: Any) -> None:
+        """A cell starts: its registrations from now on belong to it."""
+        label = f"[{self.shell.execution_count}]"
+        self.session.begin(getattr(info, "cell_id", None), label, self.shell.user_ns)
+
+    def post_run_cell(self, result: Any) -> None:
+        """The cell ended: keep what it registered, or roll it back if it failed."""
+        self.session.finish(success=result.success)
+
+    def cell_number(self, filename: str) -> int | None:
+        """The execution count of the cell compiled under ``filename``, if it is a cell."""
+        number = getattr(self.shell.compile, "_filename_map", {}).get(filename)
+        if number is None and (match := _INPUT_CELL.match(filename)):
+            number = int(match[1])
+        return number
+
+    def is_cell_code(self, filename: str) -> bool:
+        """Whether code compiled under ``filename`` was written in a cell."""
+        return self.cell_number(filename) is not None
+
+    def label(self, filename: str, line: int) -> str | None:
+        """``cell [n], line k`` for a site in a cell (a labeler for dispatch tables)."""
+        number = self.cell_number(filename)
+        return None if number is None else f"cell [{number}], line {line}"
+
+
+def start(shell: Any) -> None:
+    """Start the session of ``%load_ext opmagic``."""
+    global _running
+    session = IPythonSession(shell)
+    session.start()
+    _running = session
+
+
+def stop() -> None:
+    """End the session of ``%unload_ext opmagic``, removing what its cells registered."""
+    global _running
+    if _running is not None:
+        session, _running = _running, None
+        session.stop()
+
+
+@magics_class
+class SessionMagics(Magics):
+    """``%opmagic``: the state of the opmagic session."""
+
+    @magic_arguments()
+    @argument(
+        "what",
+        choices=["session"],
+        help="session: list what each cell registered (operators, kernels, fake impls, "
+        "Library objects, loaded libraries) and where",
+    )
+    @line_magic
+    def opmagic(self, line: str) -> SessionReport:
+        """Show the opmagic session: ``%opmagic session`` lists what each cell registered.
+
+        Re-running a cell replaces what it registered before; ``%unload_ext opmagic``
+        removes everything listed here.
+        """
+        parse_argstring(self.opmagic, line)
+        if _running is None:
+            raise OpmagicError("No opmagic session is running: %load_ext opmagic first.")
+        return _running.session.report()

@@ -1,0 +1,65 @@
+"""``notebooks/python_custom_ops.ipynb`` runs top to bottom in a real Jupyter kernel."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOK = ROOT / "notebooks" / "python_custom_ops.ipynb"
+
+
+@pytest.fixture(scope="module")
+def executed() -> nbformat.NotebookNode:
+    """The notebook after running every cell in a python3 kernel that imports this checkout."""
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(
+        notebook,
+        kernel_name="python3",
+        timeout=300,
+        resources={"metadata": {"path": str(NOTEBOOK.parent)}},
+    )
+    client.execute(env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return notebook
+
+
+def test_the_notebook_is_committed_without_outputs() -> None:
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            assert not cell.outputs and cell.execution_count is None, cell.source[:60]
+
+
+def test_every_example_runs_twice_as_a_magic_and_as_a_plain_cell(
+    executed: nbformat.NotebookNode,
+) -> None:
+    code = [cell for cell in executed.cells if cell.cell_type == "code"]
+    failed = [
+        cell.source.splitlines()[0]
+        for cell in code
+        for output in cell.outputs
+        if output.output_type == "error" or "Error" in output.get("text", "")
+    ]
+    assert failed == ["%%custom_op mylib::numpy_sin"]  # the cell meant to fail
+    magic = [cell.source.splitlines()[0] for cell in code if cell.source.startswith("%%custom_op")]
+    for name in ("numpy_sin", "numpy_sin_cpu", "numpy_sin_inplace", "bar", "custom_linear",
+                 "custom_nonzero", "numpy_cube", "numpy_mul"):
+        runs = [line for line in magic if line.split()[1] == f"mylib::{name}"]
+        assert len(runs) >= 2, name  # run, then run again with an edited body
+
+
+def test_summaries_name_the_cell_lines(executed: nbformat.NotebookNode) -> None:
+    first = next(c for c in executed.cells if c.source.startswith("%%custom_op mylib::numpy_sin"))
+    text = first.outputs[0]["data"]["text/plain"]
+    assert text.startswith("mylib::numpy_sin(Tensor x) -> Tensor")
+    assert re.search(rf"numpy_sin +cell \[{first.execution_count}\], line 2", text)
+    failed = next(c for c in executed.cells if "raises-exception" in c.metadata.get("tags", []))
+    assert failed.outputs[0].text.startswith(
+        f"UsageError: %%custom_op mylib::numpy_sin: cell [{failed.execution_count}], line 5: "
+        "NameError: name 'undefined_device' is not defined"
+    )
