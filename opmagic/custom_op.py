@@ -271,7 +271,7 @@ def custom_op_kernels(op: Any, table: DispatchTable | None = None) -> list[Kerne
     rows = []
     for device, fn in parts["device_kernels"].items():
         key = _torch.dispatch_key_for_device(device) if device else "CompositeExplicitAutograd"
-        rows.append(_function_row(key, "kernel", _torch.unwrap_custom_op_kernel(fn)))
+        rows.append(_function_row(key, "kernel", _torch.unwrap_registered_function(fn)))
     if parts["fake"] is not None:
         rows.append(_function_row("Meta", "fake impl", parts["fake"]))
     elif _torch.custom_op_can_fake_trivially(op._opoverload):
