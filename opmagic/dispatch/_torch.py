@@ -246,3 +246,24 @@ def is_fake_tensor_type(cls: type) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return issubclass(cls, FakeTensor)
+
+
+# ---------------------------------------------------------------- torch.ops cache
+
+
+def forget_cached_ops(qualnames: list[str]) -> None:
+    """Drop cached ``torch.ops.ns.name`` packets so the next access sees the live operator.
+
+    ``torch.ops`` caches a packet per operator on first access; after an operator is
+    removed or redefined (a rebuilt library) the cached packet is stale, as
+    ``torch.library.Library._destroy`` knows. Namespaces never accessed have nothing cached.
+    """
+    for qualname in qualnames:
+        namespace_name, _, rest = qualname.partition("::")
+        name = rest.split(".", 1)[0]
+        namespace = vars(torch.ops).get(namespace_name)
+        if namespace is None or name not in vars(namespace):
+            continue
+        delattr(namespace, name)
+        if name in namespace._dir:
+            namespace._dir.remove(name)

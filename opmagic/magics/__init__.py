@@ -10,7 +10,9 @@ import importlib
 from typing import Any
 
 # (module, class) of every Magics subclass the extension registers
-MAGIC_CLASSES: list[tuple[str, str]] = []
+MAGIC_CLASSES: list[tuple[str, str]] = [
+    ("torch_library", "TorchLibraryMagics"),
+]
 
 
 def load_ipython_extension(ipython: Any) -> None:
