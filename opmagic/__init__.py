@@ -3,6 +3,7 @@
 The plain-Python API lives here; ``%load_ext opmagic`` adds the IPython magics on top of it.
 """
 
+from .build import LoadedLibrary, compile_library
 from .dispatch import (
     DispatchTable,
     KeyInfo,
@@ -18,8 +19,12 @@ from .dispatch import (
 )
 from .errors import (
     ArgumentsMismatchError,
+    BuildError,
+    CompileError,
     NotAnOperatorError,
     OpmagicError,
+    RegistrationError,
+    ToolchainError,
     UnknownOperatorError,
 )
 
@@ -42,15 +47,21 @@ def unload_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "ArgumentsMismatchError",
+    "BuildError",
+    "CompileError",
     "DispatchTable",
     "KeyInfo",
+    "LoadedLibrary",
     "NotAnOperatorError",
     "OpmagicError",
     "OverloadTables",
+    "RegistrationError",
     "Resolution",
     "Step",
     "TableEntry",
+    "ToolchainError",
     "UnknownOperatorError",
+    "compile_library",
     "dispatch_table",
     "kernels",
     "key_info",

@@ -55,6 +55,9 @@ class Prefix:
     precompiled: bool
     seconds: float = 0.0  # time spent here building the precompiled header (0 when reused)
     note: str = ""  # why no precompiled header is used, when there is none
+    # created when the user's -D/-U flags turn out to change these headers (GCC then skips
+    # the precompiled header): later builds with -D flags precompile with them
+    defines_marker: Path | None = None
 
 
 def prefix_text(header_set: HeaderSet | None) -> str:
@@ -130,6 +133,7 @@ def prepare_prefix(
     source: str,
     toolchain: Toolchain,
     flags: list[str],
+    defines: tuple[str, ...],
     cache: BuildCache,
     stopwatch: Stopwatch,
     *,
@@ -138,8 +142,11 @@ def prepare_prefix(
 ) -> Prefix:
     """The prefix header for ``source``, precompiled (built now if missing) when possible.
 
-    A header set that failed to precompile is compiled as plain text from then on, unless
-    ``retry_failed`` (a forced rebuild).
+    The user's ``-D``/``-U`` flags (``defines``) are left out of the precompiled header, so
+    that macros the torch headers never look at do not cost a header build each; GCC
+    refuses a precompiled header whose macros differ where it matters, and after that
+    (see :attr:`Prefix.defines_marker`) the defines are precompiled in. A header set that
+    failed to precompile is compiled as plain text from then on, unless ``retry_failed``.
     """
     header_set = (
         choose_header_set(source, toolchain, flags, cache)
@@ -147,8 +154,14 @@ def prepare_prefix(
         else None
     )
     text = prefix_text(header_set)
-    key = digest({"prefix": text, "flags": flags, **toolchain.identity()})
-    directory = cache.prefix_dir(key)
+    directory = cache.prefix_dir(digest({"prefix": text, "flags": flags, **toolchain.identity()}))
+    marker = directory / "defines-matter"
+    if header_set is not None and defines and marker.is_file():
+        with_defines = [*flags, *defines]
+        directory = cache.prefix_dir(
+            digest({"prefix": text, "flags": with_defines, **toolchain.identity()})
+        )
+        flags, marker = with_defines, None
     header = directory / "prefix.h"
     if header_set is None:
         if not header.is_file():
@@ -156,15 +169,16 @@ def prepare_prefix(
             write_atomic(header, text)
         note = "precompiled headers need GCC" if precompile else "precompiled headers disabled"
         return Prefix(header, None, False, note=note)
+    marker = marker if defines else None
     precompiled = directory / "prefix.h.gch"
     failed = directory / "failed.log"
     if precompiled.is_file():
-        return Prefix(header, header_set, True)
+        return Prefix(header, header_set, True, defines_marker=marker)
     with cache.locked(
-        f"prefix-{key}", lambda pid: stopwatch.report(f"waiting for pid {pid} (headers)")
+        f"prefix-{directory.name}", lambda pid: stopwatch.report(f"waiting for pid {pid} (headers)")
     ):
         if precompiled.is_file():
-            return Prefix(header, header_set, True)
+            return Prefix(header, header_set, True, defines_marker=marker)
         if retry_failed:
             failed.unlink(missing_ok=True)
         if failed.is_file():
@@ -184,4 +198,4 @@ def prepare_prefix(
             write_atomic(failed, f"{result.command_line}\n{result.output}")
             return Prefix(header, header_set, False, note=f"precompiling failed: {failed}")
         os.replace(partial, precompiled)
-        return Prefix(header, header_set, True, seconds=result.seconds)
+        return Prefix(header, header_set, True, result.seconds, defines_marker=marker)

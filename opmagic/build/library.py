@@ -53,6 +53,8 @@ DEFAULT_NAME = "opmagic_library"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIRST_NAMESPACE = re.compile(r"\bTORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*([A-Za-z_]\w*)")
 _MISSING_PYTHON_H = re.compile(r"\bPython\.h: No such file or directory")
+_SIGNATURE_CHANGED = "Mismatch in kernel C++ signatures"
+_PCH_REJECTED = re.compile(r"\.gch: not used because (.*?) \[-Winvalid-pch\]")
 
 
 @dataclass(frozen=True)
@@ -178,21 +180,26 @@ def compile_library(
             "The source is empty: write C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks."
         )
     name = _library_name(name, source)
-    cflags = _flag_list(extra_cflags, "extra_cflags")
+    cflags, defines = _split_defines(_flag_list(extra_cflags, "extra_cflags"))
     ldflags = _flag_list(extra_ldflags, "extra_ldflags")
     includes = tuple(str(Path(d).expanduser().absolute()) for d in include_dirs)
+    missing = [d for d in includes if not os.path.isdir(d)]
+    if missing:
+        raise BuildOptionError(f"Include directory not found: {', '.join(missing)}.")
     opt = _opt_level(opt_level)
     if not isinstance(first_line, int) or first_line < 1:
         raise BuildOptionError(f"first_line must be a positive line number, got {first_line!r}.")
     toolchain = find_toolchain()
     cache = BuildCache()
-    flags = toolchain.compile_flags(opt, includes, cflags)
+    flags = toolchain.compile_flags(opt, cflags)
     link_flags = toolchain.link_flags(ldflags)
     key = digest(
         {
             "source": source,
             "name": name,
             "flags": flags,
+            "defines": defines,
+            "include_dirs": includes,
             "link_flags": link_flags,
             "preamble": PREAMBLE,
             "precompiled_headers": precompiled_headers,
@@ -201,7 +208,7 @@ def compile_library(
     )
     label = label or f"{name}.cpp"
     build = _cached_or_built(
-        _BuildRequest(source, name, key, flags, link_flags, includes, precompiled_headers),
+        _BuildRequest(source, name, key, flags, defines, link_flags, includes, precompiled_headers),
         toolchain,
         cache,
         label,
@@ -259,6 +266,26 @@ def _flag_list(flags: Sequence[str] | str, what: str) -> tuple[str, ...]:
     return flags
 
 
+def _split_defines(flags: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(other flags, -D/-U flags)``; ``-D X`` becomes ``-DX``."""
+    others: list[str] = []
+    defines: list[str] = []
+    pending: str | None = None
+    for flag in flags:
+        if pending is not None:
+            defines.append(pending + flag)
+            pending = None
+        elif flag in ("-D", "-U"):
+            pending = flag
+        elif flag.startswith(("-D", "-U")):
+            defines.append(flag)
+        else:
+            others.append(flag)
+    if pending is not None:
+        raise BuildOptionError(f"extra_cflags ends with {pending} and no macro after it.")
+    return tuple(others), tuple(defines)
+
+
 def _opt_level(level: int | str) -> str:
     text = str(level).removeprefix("-O")
     if text not in OPT_LEVELS:
@@ -279,7 +306,8 @@ class _BuildRequest:
     source: str
     name: str
     key: str
-    flags: list[str]
+    flags: list[str]  # everything but the user's -D/-U flags
+    defines: tuple[str, ...]  # the user's -D/-U flags
     link_flags: list[str]
     include_dirs: tuple[str, ...]
     precompiled_headers: bool
@@ -379,6 +407,7 @@ def _build(
         request.source,
         toolchain,
         request.flags,
+        request.defines,
         cache,
         stopwatch,
         precompile=request.precompiled_headers,
@@ -389,6 +418,8 @@ def _build(
         *((toolchain.ccache,) if toolchain.ccache else ()),
         *toolchain.compiler,
         *request.flags,
+        *(f"-I{d}" for d in request.include_dirs),
+        *request.defines,
         f"-DTORCH_EXTENSION_NAME={name}",
         "-Winvalid-pch",
         "-include",
@@ -414,10 +445,14 @@ def _build(
     )
     if linked.returncode != 0:
         raise _compile_error(request, toolchain, linked, source_name, label, first_line)
-    precompiled = prefix.precompiled and "not used because" not in compiled.output
-    note = prefix.note or (
-        "" if precompiled == prefix.precompiled else "precompiled header rejected"
-    )
+    rejected = _PCH_REJECTED.search(compiled.output) if prefix.precompiled else None
+    note = prefix.note
+    if rejected is not None:
+        note = f"GCC did not use the precompiled header ({rejected[1]})"
+        if prefix.defines_marker is not None and "defined" in rejected[1]:
+            prefix.defines_marker.touch()  # the next build precompiles with the -D flags
+            note += "; the next build precompiles the headers with your -D/-U flags"
+    precompiled = prefix.precompiled and rejected is None
     log = "\n".join(part for part in (compiled.output, linked.output) if part.strip())
     record = {
         "header_set": prefix.header_set.name if prefix.header_set else None,
@@ -520,7 +555,8 @@ def _register(
     """Register ``native``'s blocks in place of ``replace``; what they added to the dispatcher.
 
     The operators of the replaced library are held in the dispatcher meanwhile, so handles
-    to them stay valid across the swap. If the new registration fails, the replaced
+    to them (a ``static`` typed handle in another library) stay valid across the swap,
+    unless a kernel's C++ signature changes. If the new registration fails, the replaced
     library is registered again and :class:`RegistrationError` names the failing block.
     """
     previous = replace if replace is not None and not replace.closed else None
@@ -535,6 +571,12 @@ def _register(
             previous._native.fini()
         before = snapshot(namespaces)
         failure = native.init(str(source_file))
+        if failure is not None and held is not None and _SIGNATURE_CHANGED in failure[0]:
+            # a held entry remembers its kernels' old C++ signature: let the entries go
+            # (handles to them were typed for the old signature anyway) and register afresh
+            native.release(held)
+            held = None
+            failure = native.init(str(source_file))
         if failure is not None:
             raise _registration_error(failure, previous, label, first_line, source_file)
         after = snapshot(namespaces)

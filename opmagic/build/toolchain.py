@@ -61,14 +61,13 @@ class Toolchain:
             "python_include": self.python_include,
         }
 
-    def compile_flags(
-        self, opt_level: str, include_dirs: tuple[str, ...], extra_cflags: tuple[str, ...]
-    ) -> list[str]:
+    def compile_flags(self, opt_level: str, extra_cflags: tuple[str, ...]) -> list[str]:
         """Flags of every compile, and of the precompiled header it uses (which must match).
 
         Like torch's cpp_extension (C++20, -fPIC, the extension macros), plus: hidden
         visibility (fewer exported symbols, so two loaded versions cannot interpose), no
-        debug info, and the chosen optimisation level.
+        debug info, and the chosen optimisation level. The user's include directories and
+        macros are added per compile: they do not change torch's headers.
         """
         flags = [
             "-std=c++20",
@@ -80,7 +79,6 @@ class Toolchain:
             "-DTORCH_API_INCLUDE_EXTENSION_H",
             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         ]
-        flags += [f"-I{d}" for d in include_dirs]
         for directory in self.system_includes:
             flags += ["-isystem", directory]
         return flags + list(extra_cflags)
