@@ -55,9 +55,9 @@ class Prefix:
     precompiled: bool
     seconds: float = 0.0  # time spent here building the precompiled header (0 when reused)
     note: str = ""  # why no precompiled header is used, when there is none
-    # created when the user's -D/-U flags turn out to change these headers (GCC then skips
-    # the precompiled header): later builds with -D flags precompile with them
-    defines_marker: Path | None = None
+    # where macros are recorded that the user set with -D/-U and that turned out to change
+    # these headers (GCC skips the precompiled header then): later builds precompile them in
+    macros_file: Path | None = None
 
 
 def prefix_text(header_set: HeaderSet | None) -> str:
@@ -143,9 +143,9 @@ def prepare_prefix(
     """The prefix header for ``source``, precompiled (built now if missing) when possible.
 
     The user's ``-D``/``-U`` flags (``defines``) are left out of the precompiled header, so
-    that macros the torch headers never look at do not cost a header build each; GCC
-    refuses a precompiled header whose macros differ where it matters, and after that
-    (see :attr:`Prefix.defines_marker`) the defines are precompiled in. A header set that
+    that macros the torch headers never look at do not cost a header build each. GCC
+    refuses a precompiled header whose macros differ where it matters; such macros are
+    recorded (:func:`record_macro`) and precompiled in from then on. A header set that
     failed to precompile is compiled as plain text from then on, unless ``retry_failed``.
     """
     header_set = (
@@ -155,13 +155,14 @@ def prepare_prefix(
     )
     text = prefix_text(header_set)
     directory = cache.prefix_dir(digest({"prefix": text, "flags": flags, **toolchain.identity()}))
-    marker = directory / "defines-matter"
-    if header_set is not None and defines and marker.is_file():
-        with_defines = [*flags, *defines]
+    macros_file = directory / "macros.json" if header_set is not None and defines else None
+    known = _recorded_macros(macros_file) if macros_file is not None else set()
+    relevant = [d for d in defines if macro_name(d) in known]
+    if relevant:  # a header of its own, with the macros that change torch's headers
+        flags = [*flags, *relevant]
         directory = cache.prefix_dir(
-            digest({"prefix": text, "flags": with_defines, **toolchain.identity()})
+            digest({"prefix": text, "flags": flags, **toolchain.identity()})
         )
-        flags, marker = with_defines, None
     header = directory / "prefix.h"
     if header_set is None:
         if not header.is_file():
@@ -169,16 +170,15 @@ def prepare_prefix(
             write_atomic(header, text)
         note = "precompiled headers need GCC" if precompile else "precompiled headers disabled"
         return Prefix(header, None, False, note=note)
-    marker = marker if defines else None
     precompiled = directory / "prefix.h.gch"
     failed = directory / "failed.log"
     if precompiled.is_file():
-        return Prefix(header, header_set, True, defines_marker=marker)
+        return Prefix(header, header_set, True, macros_file=macros_file)
     with cache.locked(
         f"prefix-{directory.name}", lambda pid: stopwatch.report(f"waiting for pid {pid} (headers)")
     ):
         if precompiled.is_file():
-            return Prefix(header, header_set, True, defines_marker=marker)
+            return Prefix(header, header_set, True, macros_file=macros_file)
         if retry_failed:
             failed.unlink(missing_ok=True)
         if failed.is_file():
@@ -198,4 +198,21 @@ def prepare_prefix(
             write_atomic(failed, f"{result.command_line}\n{result.output}")
             return Prefix(header, header_set, False, note=f"precompiling failed: {failed}")
         os.replace(partial, precompiled)
-        return Prefix(header, header_set, True, result.seconds, defines_marker=marker)
+        return Prefix(header, header_set, True, result.seconds, macros_file=macros_file)
+
+
+def macro_name(define: str) -> str:
+    """``FOO`` of ``-DFOO=1``, ``-DFOO`` or ``-UFOO``."""
+    return define[2:].split("=", 1)[0]
+
+
+def _recorded_macros(path: Path) -> set[str]:
+    try:
+        return set(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return set()
+
+
+def record_macro(path: Path, name: str) -> None:
+    """Remember that the user macro ``name`` changes the headers of this prefix."""
+    write_atomic(path, json.dumps(sorted(_recorded_macros(path) | {name})))

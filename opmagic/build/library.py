@@ -32,7 +32,7 @@ from ..errors import (
 from .cache import BuildCache, digest, write_atomic
 from .compiler import StepResult, run_step
 from .diagnostics import failure_text, first_error, parse_diagnostics, where
-from .headers import PREAMBLE, prepare_prefix
+from .headers import PREAMBLE, macro_name, prepare_prefix, record_macro
 from .loader import Block, NativeLibrary
 from .progress import ProgressCallback, Stopwatch, stderr_progress
 from .registrations import (
@@ -55,6 +55,7 @@ _FIRST_NAMESPACE = re.compile(r"\bTORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*([A-Z
 _MISSING_PYTHON_H = re.compile(r"\bPython\.h: No such file or directory")
 _SIGNATURE_CHANGED = "Mismatch in kernel C++ signatures"
 _PCH_REJECTED = re.compile(r"\.gch: not used because (.*?) \[-Winvalid-pch\]")
+_QUOTED_NAME = re.compile(r"`(\w+)'")
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ def compile_library(
         raise BuildOptionError(
             "The source is empty: write C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks."
         )
+    source = source.rstrip() + "\n"  # trailing blank lines do not make another build
     name = _library_name(name, source)
     cflags, defines = _split_defines(_flag_list(extra_cflags, "extra_cflags"))
     ldflags = _flag_list(extra_ldflags, "extra_ldflags")
@@ -449,9 +451,10 @@ def _build(
     note = prefix.note
     if rejected is not None:
         note = f"GCC did not use the precompiled header ({rejected[1]})"
-        if prefix.defines_marker is not None and "defined" in rejected[1]:
-            prefix.defines_marker.touch()  # the next build precompiles with the -D flags
-            note += "; the next build precompiles the headers with your -D/-U flags"
+        macro = _QUOTED_NAME.search(rejected[1])
+        if prefix.macros_file is not None and macro and macro[1] in _macro_names(request):
+            record_macro(prefix.macros_file, macro[1])
+            note += f"; the next build precompiles the headers with your {macro[1]}"
     precompiled = prefix.precompiled and rejected is None
     log = "\n".join(part for part in (compiled.output, linked.output) if part.strip())
     record = {
@@ -480,6 +483,10 @@ def _build(
         log=log,
         note=note,
     )
+
+
+def _macro_names(request: _BuildRequest) -> set[str]:
+    return {macro_name(d) for d in request.defines}
 
 
 def _compile_env(toolchain: Toolchain, cache: BuildCache) -> dict[str, str]:
