@@ -126,6 +126,7 @@ class Runner:
         self.runs = 0
 
     def _child(self, code: str, source: str, *args: str) -> dict:
+        """Run ``code`` in a fresh Python with ``source`` on stdin; its JSON report."""
         result = subprocess.run(
             [sys.executable, "-c", code, *args],
             input=source,
@@ -246,6 +247,7 @@ def main() -> int:
 
 
 def _target(text: str, ok: bool) -> str:
+    """``target <= 0.35x: PASS``."""
     return f"target {text}: {'PASS' if ok else 'FAIL'}"
 
 

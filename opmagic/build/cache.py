@@ -95,6 +95,7 @@ class BuildCache:
 
 
 def _lock_holder(fd: int) -> str:
+    """The pid the holder of a lock wrote into the lock file."""
     try:
         return os.pread(fd, 32, 0).decode().strip() or "?"
     except OSError:
@@ -102,6 +103,7 @@ def _lock_holder(fd: int) -> str:
 
 
 def _make_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) with mode 0700 unless it exists."""
     if not path.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.mkdir(mode=0o700, exist_ok=True)

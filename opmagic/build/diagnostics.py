@@ -150,6 +150,9 @@ def failure_text(
         )
     lines = [f"{library}: compile error at {where(label, error.user_line, first_line)}:"]
     message = error.message
+    if error.file == "collect2" and error.context:  # "ld returned 1 exit status": say why
+        lines[0] = f"{library}: link error:"
+        message = "\n  ".join(error.context)
     if error.file is not None and error.line is not None and not error.in_source:
         message += f"  [reported in {shorten_path(error.file)}:{error.line}]"
     lines.append(f"  {message}")

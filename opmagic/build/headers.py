@@ -207,6 +207,7 @@ def macro_name(define: str) -> str:
 
 
 def _recorded_macros(path: Path) -> set[str]:
+    """Macros recorded by :func:`record_macro` (none when the file is missing)."""
     try:
         return set(json.loads(path.read_text()))
     except (OSError, ValueError):

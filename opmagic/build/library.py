@@ -129,6 +129,7 @@ class LoadedLibrary:
         _SITE_LABELS.pop(str(self.source_file), None)
 
     def _registered_namespaces(self) -> set[str]:
+        """Namespaces whose operators the library may have registered (not ``_``)."""
         return {ns for ns in self.namespaces if ns != "_"}
 
     def __str__(self) -> str:
@@ -249,6 +250,7 @@ def compile_library(
 
 
 def _library_name(name: str | None, source: str) -> str:
+    """``name`` checked, or the first namespace of the source's blocks."""
     if name is None:
         match = _FIRST_NAMESPACE.search(source)
         return match[1] if match and match[1] != "_" else DEFAULT_NAME
@@ -260,6 +262,7 @@ def _library_name(name: str | None, source: str) -> str:
 
 
 def _flag_list(flags: Sequence[str] | str, what: str) -> tuple[str, ...]:
+    """Flags as a tuple; one string is split like a shell would."""
     if isinstance(flags, str):
         return tuple(shlex.split(flags))
     flags = tuple(flags)
@@ -289,6 +292,7 @@ def _split_defines(flags: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, 
 
 
 def _opt_level(level: int | str) -> str:
+    """``"2"`` for ``2``, ``"2"`` or ``"-O2"``; raises for levels GCC does not have."""
     text = str(level).removeprefix("-O")
     if text not in OPT_LEVELS:
         raise BuildOptionError(
@@ -332,6 +336,7 @@ def _cached_or_built(
     waited = False
 
     def on_wait(pid: str) -> None:
+        """Report waiting for the process that builds the same key."""
         nonlocal waited
         waited = True
         stopwatch.report(f"waiting for pid {pid}, which builds the same source")
@@ -486,6 +491,7 @@ def _build(
 
 
 def _macro_names(request: _BuildRequest) -> set[str]:
+    """Names of the macros the user set with -D/-U."""
     return {macro_name(d) for d in request.defines}
 
 
@@ -543,6 +549,7 @@ def _compile_error(
 
 
 def _print_verbose(title: str, commands: Iterable[str], log: str) -> None:
+    """``verbose=True``: the build's commands and compiler output, on stderr."""
     lines = [title, *(f"  $ {c}" for c in commands)]
     if log.strip():
         lines.append(log.rstrip())

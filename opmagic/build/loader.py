@@ -73,6 +73,7 @@ class NativeLibrary:
         self.blocks = tuple(self._block(i) for i in range(self._lib.opmagic_block_count()))
 
     def _block(self, index: int) -> Block:
+        """Block ``index`` as the preamble describes it."""
         macro, namespace, key, line = self._lib.opmagic_block(index).decode().split("\t")
         return Block(macro, namespace, key or None, int(line))
 
@@ -117,6 +118,7 @@ def _load_failure(path: Path, error: str) -> str:
 
 
 def _demangle(symbol: str) -> str:
+    """The C++ name of a mangled symbol (c++filt), or the symbol when c++filt is missing."""
     tool = shutil.which("c++filt")
     if tool is None:
         return symbol

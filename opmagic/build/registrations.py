@@ -70,6 +70,7 @@ def snapshot(namespaces: Iterable[str]) -> Snapshot:
 
 
 def _header(text: str, field: str) -> str | None:
+    """A ``field: value`` header line of ``_dispatch_dump`` output (None for ``(none)``)."""
     for line in text.splitlines():
         if line.startswith(f"{field}: "):
             value = line[len(field) + 2 :].strip()

@@ -100,6 +100,7 @@ def find_toolchain() -> Toolchain:
 
 @functools.cache
 def _find_toolchain(cxx: str, path: str) -> Toolchain:
+    """The toolchain for one ``$CXX`` and ``PATH`` (cached by :func:`find_toolchain`)."""
     compiler = tuple(shlex.split(cxx)) or _default_compiler(path)
     launcher = None
     if compiler and os.path.basename(compiler[0]) == "ccache":  # CXX="ccache g++"
@@ -133,6 +134,7 @@ def _find_toolchain(cxx: str, path: str) -> Toolchain:
 
 
 def _default_compiler(path: str) -> tuple[str, ...]:
+    """``c++`` or ``g++`` from ``PATH``, or nothing."""
     for name in ("c++", "g++"):
         found = shutil.which(name, path=path)
         if found:

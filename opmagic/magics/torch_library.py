@@ -77,6 +77,7 @@ class TorchLibraryMagics(Magics):
         shell.events.register("pre_run_cell", self._remember_cell)
 
     def _remember_cell(self, info: Any) -> None:
+        """``pre_run_cell`` hook: the id of the cell about to run (None outside notebooks)."""
         self._cell_id = getattr(info, "cell_id", None)
 
     @magic_arguments()

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from html import escape
 from typing import TYPE_CHECKING
 
+from ..dispatch.sites import label_site
 from .html import _STYLE as STYLE  # one stylesheet for every opmagic view
 
 if TYPE_CHECKING:
@@ -35,10 +36,16 @@ def build_summary(library: LoadedLibrary) -> str:
 
 
 def _kernels_by_key(kernels: tuple[NewKernel, ...]) -> Iterator[tuple[str, list[NewKernel]]]:
+    """Kernels grouped by their key (``Autograd [alias]`` for alias keys), in order."""
     by_key: dict[str, list[NewKernel]] = {}
     for kernel in kernels:
         by_key.setdefault(kernel.key + (" [alias]" if kernel.is_alias else ""), []).append(kernel)
     yield from by_key.items()
+
+
+def _overrides(kernel: NewKernel) -> str:
+    """``overrides aten/src/ATen/RegisterCPU.cpp:12`` when the kernel replaced another."""
+    return f"overrides {label_site(kernel.overrides)}" if kernel.overrides else ""
 
 
 def library_text(library: LoadedLibrary) -> str:
@@ -52,7 +59,7 @@ def library_text(library: LoadedLibrary) -> str:
         lines.append("kernels added, per dispatch key:")
         for key, kernels in _kernels_by_key(library.kernels):
             for kernel in kernels:
-                overrides = f"  (overrides {kernel.overrides})" if kernel.overrides else ""
+                overrides = f"  ({_overrides(kernel)})" if kernel.overrides else ""
                 lines.append(f"  {key:<24} {kernel.op:<32} {library.where(kernel.line)}{overrides}")
     if not library.operators and not library.kernels and not library.closed:
         lines.append("no per-operator registrations (fallbacks only, or empty blocks)")
@@ -74,7 +81,7 @@ def library_html(library: LoadedLibrary) -> str:
         rows = "".join(
             f"<tr><td>{escape(key)}</td><td>{escape(k.op)}</td>"
             f"<td>{escape(library.where(k.line))}</td>"
-            f"<td class='dim'>{escape('overrides ' + k.overrides if k.overrides else '')}</td></tr>"
+            f"<td class='dim'>{escape(_overrides(k))}</td></tr>"
             for key, kernels in _kernels_by_key(library.kernels)
             for k in kernels
         )

@@ -41,6 +41,7 @@ _CHILD = textwrap.dedent(
 
 
 def _child(source: str, steps: Path, go: Path) -> subprocess.Popen:
+    """A process that builds ``source`` once ``go`` exists, logging its steps to ``steps``."""
     process = subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(steps), str(go)],
         stdin=subprocess.PIPE,
@@ -54,6 +55,7 @@ def _child(source: str, steps: Path, go: Path) -> subprocess.Popen:
 
 
 def _wait_for(predicate, timeout: float = 120.0) -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
@@ -119,6 +121,7 @@ def test_a_lock_waits_for_its_holder_and_dies_with_it(cache_root):
     waits: list[str] = []
 
     def kill_on_first_wait(pid: str) -> None:
+        """Kill the holder the first time the lock is found held."""
         waits.append(pid)
         if len(waits) == 1:
             holder.send_signal(signal.SIGKILL)

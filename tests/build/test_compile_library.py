@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _schema(name: str) -> str | None:
+    """The schema the dispatcher has for an operator's default overload, if any."""
     schema = _torch.find_schema(name, "")
     return None if schema is None else str(schema)
 
@@ -294,3 +295,25 @@ def test_ccache_is_used_when_installed(loaded, tmp_path, monkeypatch):
     assert "pch_defines" in sloppiness and "time_macros" in sloppiness
     assert "-c cl_ccache.cpp" in command
     assert library.build.commands[0].startswith(str(fake))
+
+
+def test_a_kernel_for_an_existing_operator_is_an_override_that_close_undoes(loaded):
+    source = MINIMAL_INCLUDES + textwrap.dedent(
+        """
+        at::Tensor fake_sinc(const at::Tensor& x) { return x.mul(-2); }
+        TORCH_LIBRARY_IMPL(aten, CPU, m) {
+          m.impl("sinc", fake_sinc);
+        }
+        """
+    )
+    library = compile_library(source, name="cl_override", progress=None)
+    try:
+        assert library.operators == ()
+        [kernel] = library.kernels
+        assert (kernel.op, kernel.key, kernel.line) == ("aten::sinc", "CPU", 5)
+        assert kernel.overrides is not None and "RegisterCPU" in kernel.overrides
+        assert "(overrides aten/src/ATen/RegisterCPU" in str(library)
+        assert torch.sinc(torch.ones(1)).item() == -2.0
+    finally:
+        library.close()
+    assert torch.sinc(torch.zeros(1)).item() == 1.0

@@ -107,6 +107,27 @@ def test_a_second_library_defining_a_namespace_is_refused_with_both_sites(loaded
     assert torch.ops.err_twice.scale(torch.ones(1)).item() == 2.0
 
 
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        pytest.param(
+            {"extra_cflags": ["-fno-such-flag"]},
+            r"compile error at err_flags.cpp:\n  unrecognized command-line option '-fno-such-flag'",
+            id="compiler-flag",
+        ),
+        pytest.param(
+            {"extra_ldflags": ["-lno_such_library"]},
+            r"link error:\n  \S*ld\S*: (error: )?cannot find -lno_such_library",  # bfd or gold
+            id="linker-flag",
+        ),
+    ],
+)
+def test_a_bad_flag_is_named(loaded, options, expected):
+    with pytest.raises(CompileError) as caught:
+        compile_library(op_source("err_flags"), progress=None, **options)
+    assert re.search(expected, str(caught.value))
+
+
 def test_an_undefined_symbol_is_a_load_error_with_the_cpp_name(loaded):
     source = op_source(
         "err_symbol",

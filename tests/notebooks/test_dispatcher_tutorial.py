@@ -15,6 +15,7 @@ NOTEBOOK = ROOT / "notebooks" / "dispatcher_tutorial.ipynb"
 
 
 def _text(cell: nbformat.NotebookNode) -> str:
+    """The streams and plain-text outputs of a cell, joined."""
     parts = []
     for output in cell.outputs:
         if output.output_type == "stream":
