@@ -118,14 +118,13 @@ class LoadedLibrary:
         """Remove every operator and kernel the library registered (idempotent).
 
         The code stays mapped (tensors or autograd graphs may still point into it); only
-        the registrations go, and the ``torch.ops`` cache of its namespaces is refreshed.
+        the registrations go, and ``torch.ops`` forgets the operators it defined.
         """
         if self.closed:
             return
-        before = _names_in(self._registered_namespaces())
         self._native.fini()
         self.closed = True
-        _torch.forget_cached_ops(before)
+        _torch.forget_cached_ops([op.name for op in self.operators])
         _SITE_LABELS.pop(str(self.source_file), None)
 
     def _registered_namespaces(self) -> set[str]:
@@ -578,7 +577,7 @@ def _register(
     if previous is not None:
         namespaces |= previous._registered_namespaces()
     held = native.hold(_names_in(namespaces)) if previous is not None else None
-    touched = _names_in(namespaces)
+    redefined = [op.name for op in previous.operators] if previous is not None else []
     _SITE_LABELS[str(source_file)] = (label, first_line)
     try:
         if previous is not None:
@@ -594,16 +593,17 @@ def _register(
         if failure is not None:
             raise _registration_error(failure, previous, label, first_line, source_file)
         after = snapshot(namespaces)
+        operators = operators_added(before, after, str(source_file))
+        redefined += [op.name for op in operators]
         if previous is not None:
             previous.closed = True
     finally:
         if held is not None:
             native.release(held)
-        _torch.forget_cached_ops(sorted(set(touched) | set(_names_in(namespaces))))
-    return (
-        operators_added(before, after, str(source_file)),
-        kernels_added(before, after, str(source_file)),
-    )
+        # torch.ops caches a packet per operator: drop those whose definition changed (only
+        # those: torch keys tables by the packets of operators it owns, aten's included)
+        _torch.forget_cached_ops(redefined)
+    return operators, kernels_added(before, after, str(source_file))
 
 
 def _registration_error(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CompilerNotFoundError, MissingHeadersError
+from ..errors import CompilerNotFoundError, MissingHeadersError, ToolchainError
 
 INSTALL_COMPILER = (
     "install a C++ compiler: apt-get install g++ (Debian/Ubuntu), dnf install gcc-c++ "
@@ -95,6 +95,11 @@ class Toolchain:
 
 def find_toolchain() -> Toolchain:
     """The toolchain for this process's ``$CXX``/``PATH`` (cached); raises what to install."""
+    if not sys.platform.startswith("linux"):
+        raise ToolchainError(
+            f"Compiling operator libraries needs Linux (ELF shared libraries, memfd, flock); "
+            f"this is {sys.platform}. Use a Linux machine or container."
+        )
     return _find_toolchain(os.environ.get("CXX", ""), os.environ.get("PATH", ""))
 
 

@@ -256,7 +256,8 @@ def forget_cached_ops(qualnames: list[str]) -> None:
 
     ``torch.ops`` caches a packet per operator on first access; after an operator is
     removed or redefined (a rebuilt library) the cached packet is stale, as
-    ``torch.library.Library._destroy`` knows. Namespaces never accessed have nothing cached.
+    ``torch.library.Library._destroy`` knows. Only for operators whose definition changed:
+    torch keys tables (decompositions, Python kernels) by the packets of its own operators.
     """
     for qualname in qualnames:
         namespace_name, _, rest = qualname.partition("::")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from opmagic.errors import (
     LoadError,
     MissingHeadersError,
     RegistrationError,
+    ToolchainError,
 )
 
 from .sources import MINIMAL_INCLUDES, op_source
@@ -169,6 +171,12 @@ def test_a_missing_compiler_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(CompilerNotFoundError, match="No C\\+\\+ compiler found"):
         compile_library(op_source("err_cxx"), progress=None)
+
+
+def test_other_platforms_are_refused_with_a_reason(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(ToolchainError, match=r"needs Linux .* this is darwin"):
+        compile_library(op_source("err_platform"), progress=None)
 
 
 def test_missing_python_headers_say_what_to_install(loaded, monkeypatch, tmp_path):
