@@ -96,7 +96,7 @@ def first_error(diagnostics: tuple[Diagnostic, ...]) -> Diagnostic | None:
     return next((d for d in diagnostics if d.is_error), None)
 
 
-def _hint(message: str) -> str | None:
+def hint_for(message: str) -> str | None:
     """A plain-words explanation for compiler messages that are hard to read."""
     unknown_key = _UNKNOWN_KEY.search(message)
     if unknown_key:
@@ -156,7 +156,7 @@ def failure_text(
     if error.file is not None and error.line is not None and not error.in_source:
         message += f"  [reported in {shorten_path(error.file)}:{error.line}]"
     lines.append(f"  {message}")
-    hint = _hint(error.message)
+    hint = hint_for(error.message)
     if hint:
         lines.append(f"  hint: {hint}")
     if error.user_line is not None:

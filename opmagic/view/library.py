@@ -93,13 +93,16 @@ def library_html(library: LoadedLibrary) -> str:
 
 def compile_error_html(error: CompileError) -> str:
     """The first error beside its source line (highlighted), the full log collapsed."""
-    from ..build.diagnostics import first_error, source_excerpt, where
+    from ..build.diagnostics import first_error, hint_for, source_excerpt, where
 
     first = first_error(error.diagnostics)
     head = escape(str(error).splitlines()[0])
     body = ""
     if first is not None:
         body += f'<div style="color:#c62828"><b>{escape(first.message)}</b></div>'
+        hint = hint_for(first.message)
+        if hint:
+            body += f"<div>hint: {escape(hint)}</div>"
         if first.user_line is not None:
             rows = "".join(
                 f'<tr style="background:{"#ffebee" if is_it else "transparent"}">'

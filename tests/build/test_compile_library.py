@@ -161,7 +161,37 @@ def test_handles_held_by_other_libraries_survive_a_replacement(loaded):
     assert torch.ops.cl_caller.twice_base(torch.zeros(1)).item() == 20.0
 
 
-def test_a_setup_py_extension_source_compiles_and_registers(loaded):
+def test_a_pybind11_extension_source_compiles_and_registers(loaded):
+    """A setup.py CppExtension source: torch/extension.h, TORCH_EXTENSION_NAME, a module."""
+    source = textwrap.dedent(
+        """\
+        #include <torch/extension.h>
+
+        torch::Tensor halve(const torch::Tensor& x) {
+          return x / 2;
+        }
+
+        PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+          m.def("halve", &halve, "x / 2");
+        }
+
+        TORCH_LIBRARY(cl_pybind, m) {
+          m.def("halve(Tensor x) -> Tensor");
+        }
+
+        TORCH_LIBRARY_IMPL(cl_pybind, CPU, m) {
+          m.impl("halve", halve);
+        }
+        """
+    )
+    library = compile_library(source, progress=None)
+    loaded.append(library)
+    assert library.build.header_set == "extension"
+    assert "-DTORCH_EXTENSION_NAME=cl_pybind" in library.build.commands[0]
+    assert torch.ops.cl_pybind.halve(torch.full((2,), 3.0)).tolist() == [1.5, 1.5]
+
+
+def test_a_c_extension_module_source_compiles_and_registers(loaded):
     source = textwrap.dedent(
         """\
         #include <Python.h>

@@ -64,6 +64,7 @@ def test_an_unknown_dispatch_key_is_named_with_close_matches(loaded):
     message = str(caught.value)
     assert "compile error at err_key.cpp, line 10" in message
     assert "hint: CPUU is not a dispatch key (did you mean CPU" in message
+    assert "hint: CPUU is not a dispatch key" in caught.value._repr_html_()
 
 
 @pytest.mark.parametrize(
