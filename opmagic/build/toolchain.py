@@ -161,8 +161,3 @@ def _run_version(compiler: tuple[str, ...]) -> str:
             f"The C++ compiler {' '.join(compiler)!r} does not run ({error}): {INSTALL_COMPILER}."
         ) from error
     return f"{version.strip()}\n{machine.strip()}"
-
-
-def python_headers_installed(toolchain: Toolchain) -> bool:
-    """Whether ``Python.h`` exists (torch/extension.h and setup.py-style sources need it)."""
-    return os.path.isfile(os.path.join(toolchain.python_include, "Python.h"))
