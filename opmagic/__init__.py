@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .build import LoadedLibrary, compile_library
 from .checks import CheckReport, CheckRow, check_op
 from .custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .dispatch import (
@@ -25,11 +26,15 @@ from .dispatch import (
 from .dispatch.contexts import CallContext
 from .errors import (
     ArgumentsMismatchError,
+    BuildError,
     CellSourceError,
+    CompileError,
     ForeignOperatorError,
     NotAnOperatorError,
     OperatorNameError,
     OpmagicError,
+    RegistrationError,
+    ToolchainError,
     UnknownOperatorError,
 )
 from .session import Session, SessionReport, active_session, registration_site
@@ -65,27 +70,33 @@ def unload_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "ArgumentsMismatchError",
+    "BuildError",
     "CallContext",
     "CellSourceError",
     "CheckReport",
     "CheckRow",
+    "CompileError",
     "CustomOpResult",
     "DispatchTable",
     "ForeignOperatorError",
     "KernelRow",
     "KeyInfo",
+    "LoadedLibrary",
     "NotAnOperatorError",
     "OperatorNameError",
     "OpmagicError",
     "OverloadTables",
+    "RegistrationError",
     "Resolution",
     "Session",
     "SessionReport",
     "Step",
     "TableEntry",
+    "ToolchainError",
     "UnknownOperatorError",
     "active_session",
     "check_op",
+    "compile_library",
     "custom_op_from_source",
     "dispatch_table",
     "explore",

@@ -34,3 +34,84 @@ class CellSourceError(OpmagicError, ValueError):
         super().__init__(message)
         self.filename = filename
         self.line = line
+
+
+class BuildError(OpmagicError):
+    """A C++ library could not be built or loaded (base of the build errors below)."""
+
+
+class BuildOptionError(BuildError, ValueError):
+    """An argument of ``compile_library`` (or an option of ``%%torch_library``) is invalid."""
+
+
+class ToolchainError(BuildError):
+    """Something the build needs is not installed: the message names what to install."""
+
+
+class CompilerNotFoundError(ToolchainError):
+    """No C++ compiler was found (neither ``$CXX`` nor ``c++``/``g++`` on ``PATH``)."""
+
+
+class MissingHeadersError(ToolchainError):
+    """Headers the build needs (torch's C++ headers, ``Python.h``) are not installed."""
+
+
+class CacheDirectoryError(BuildError):
+    """The build cache directory is unsafe to load from (another owner, or open to others)."""
+
+
+class CompileError(BuildError):
+    """The compiler rejected the source; the message shows the first error at its source line.
+
+    ``diagnostics`` holds every parsed compiler message, ``log`` the full compiler output,
+    ``command`` the command that failed; ``source``, ``label`` and ``first_line`` say which
+    source it was and how the user numbers its lines.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        diagnostics: tuple = (),
+        log: str = "",
+        command: str = "",
+        source: str = "",
+        label: str = "",
+        first_line: int = 1,
+    ) -> None:
+        super().__init__(message)
+        self.diagnostics = diagnostics
+        self.log = log
+        self.command = command
+        self.source = source
+        self.label = label
+        self.first_line = first_line
+
+    def _repr_html_(self) -> str:
+        """The first error with its source line highlighted and the full log collapsed."""
+        from .view.library import compile_error_html
+
+        return compile_error_html(self)
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of a Python traceback: the error is in C++, not here."""
+        return [f"{type(self).__name__}: {self}"]
+
+
+class LoadError(BuildError):
+    """A built library could not be loaded (an undefined symbol, a foreign build)."""
+
+
+class RegistrationError(OpmagicError):
+    """torch rejected a registration (duplicate operator, bad schema, ...); nothing was kept.
+
+    ``line`` is the line of the TORCH_LIBRARY* block that failed, in the source's numbering.
+    """
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of a Python traceback: the error is torch's verdict."""
+        return [f"{type(self).__name__}: {self}"]

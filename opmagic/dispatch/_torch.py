@@ -1033,3 +1033,25 @@ def _custom_op_value(opdef: Any, part: tuple) -> Any:
 def _same(a: Any, b: Any) -> bool:
     """Whether two state values are the same (identity; frozensets by value)."""
     return a is b or (isinstance(a, frozenset) and a == b)
+
+
+# ---------------------------------------------------------------- torch.ops cache
+
+
+def forget_cached_ops(qualnames: list[str]) -> None:
+    """Drop cached ``torch.ops.ns.name`` packets so the next access sees the live operator.
+
+    ``torch.ops`` caches a packet per operator on first access; after an operator is
+    removed or redefined (a rebuilt library) the cached packet is stale, as
+    ``torch.library.Library._destroy`` knows. Only for operators whose definition changed:
+    torch keys tables (decompositions, Python kernels) by the packets of its own operators.
+    """
+    for qualname in qualnames:
+        namespace_name, _, rest = qualname.partition("::")
+        name = rest.split(".", 1)[0]
+        namespace = vars(torch.ops).get(namespace_name)
+        if namespace is None or name not in vars(namespace):
+            continue
+        delattr(namespace, name)
+        if name in namespace._dir:
+            namespace._dir.remove(name)

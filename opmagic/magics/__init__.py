@@ -15,6 +15,7 @@ from typing import Any
 MAGIC_CLASSES: list[tuple[str, str]] = [
     ("session", "SessionMagics"),
     ("custom_op", "CustomOpMagics"),
+    ("torch_library", "TorchLibraryMagics"),
     ("views", "ViewMagics"),
 ]
 

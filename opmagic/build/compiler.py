@@ -1,0 +1,71 @@
+"""Running one compiler command, reporting progress while it runs."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .progress import TICK_SECONDS, Stopwatch
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one compiler command did."""
+
+    command: tuple[str, ...]
+    returncode: int
+    output: str  # stdout and stderr, interleaved as the compiler wrote them
+    seconds: float
+
+    @property
+    def command_line(self) -> str:
+        """The command as a shell line (for logs and ``verbose``)."""
+        return shlex.join(self.command)
+
+
+def run_step(
+    command: list[str],
+    *,
+    cwd: Path,
+    stopwatch: Stopwatch | None = None,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+) -> StepResult:
+    """Run ``command`` in ``cwd``, ticking ``stopwatch`` until it exits.
+
+    The output goes to a temporary file, not a pipe, so a compiler that writes a lot never
+    blocks on it. Interrupting (Ctrl-C, a notebook's stop button) kills the compiler.
+    """
+    started = time.perf_counter()
+    with tempfile.TemporaryFile("w+", errors="replace") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            if stdin is not None:
+                process.stdin.write(stdin)
+                process.stdin.close()
+            while True:
+                try:
+                    process.wait(timeout=TICK_SECONDS)
+                    break
+                except subprocess.TimeoutExpired:
+                    if stopwatch is not None:
+                        stopwatch.report()
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        log.seek(0)
+        output = log.read()
+    return StepResult(tuple(command), process.returncode, output, time.perf_counter() - started)

@@ -1,0 +1,126 @@
+"""Loading a built library into this process, and driving its registration entry points.
+
+Each load maps a private in-memory copy (``memfd``) of the file with ``RTLD_LOCAL``: two
+versions of a library never resolve symbols to each other, a rebuilt file at the same path
+is never mistaken for the one already loaded (the loader matches libraries by name), and
+the cache may delete files that are in use. Loaded code is never unmapped: tensors,
+autograd graphs or other libraries may still point into it after its registrations are gone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import LoadError
+
+ABI_VERSION = 1  # opmagic_abi_version() of libraries built with this preamble
+_UNDEFINED = re.compile(r"undefined symbol: (\S+)")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One ``TORCH_LIBRARY*`` block of a source: which macro, namespace and key, and where."""
+
+    macro: str  # "TORCH_LIBRARY", "TORCH_LIBRARY_FRAGMENT" or "TORCH_LIBRARY_IMPL"
+    namespace: str
+    key: str | None  # the dispatch key of a TORCH_LIBRARY_IMPL block
+    line: int
+
+    def __str__(self) -> str:
+        args = f"{self.namespace}, {self.key}" if self.key else self.namespace
+        return f"{self.macro}({args})"
+
+
+class NativeLibrary:
+    """A built library mapped into this process; it registers nothing until :meth:`init`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # The memfd stays open: /proc/self/fd/N must never name two different libraries.
+        self._fd = os.memfd_create(f"opmagic-{path.name}", os.MFD_CLOEXEC)
+        with open(path, "rb") as built:
+            os.write(self._fd, built.read())
+        try:
+            self._lib = ctypes.CDLL(f"/proc/self/fd/{self._fd}", mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        except OSError as error:
+            os.close(self._fd)
+            raise LoadError(_load_failure(path, str(error))) from None
+        _MAPPED.append(self)  # the memfd stays open and the code mapped from here on
+        try:
+            version = self._lib.opmagic_abi_version()
+        except AttributeError:
+            raise LoadError(
+                f"{path} was not built by opmagic (it has no opmagic_abi_version)."
+            ) from None
+        if version != ABI_VERSION:
+            raise LoadError(
+                f"{path} was built by another opmagic version (protocol {version}, this one "
+                f"speaks {ABI_VERSION}): rebuild it with force=True."
+            )
+        self._lib.opmagic_block.restype = ctypes.c_char_p
+        self._lib.opmagic_block.argtypes = [ctypes.c_int]
+        self._lib.opmagic_init.restype = ctypes.c_char_p
+        self._lib.opmagic_init.argtypes = [ctypes.c_char_p]
+        self._lib.opmagic_hold_operators.restype = ctypes.c_void_p
+        self._lib.opmagic_hold_operators.argtypes = [ctypes.c_char_p]
+        self._lib.opmagic_release_operators.argtypes = [ctypes.c_void_p]
+        self.blocks = tuple(self._block(i) for i in range(self._lib.opmagic_block_count()))
+
+    def _block(self, index: int) -> Block:
+        """Block ``index`` as the preamble describes it."""
+        macro, namespace, key, line = self._lib.opmagic_block(index).decode().split("\t")
+        return Block(macro, namespace, key or None, int(line))
+
+    def init(self, site_file: str) -> tuple[str, int] | None:
+        """Register every block (``site_file`` names the registration site); the error if any.
+
+        On an error nothing of this library stays registered; returns ``(message, line of
+        the failing block)``.
+        """
+        error = self._lib.opmagic_init(site_file.encode())
+        if error is None:
+            return None
+        return error.decode(errors="replace"), self._lib.opmagic_error_line()
+
+    def fini(self) -> None:
+        """Remove every registration :meth:`init` made."""
+        self._lib.opmagic_fini()
+
+    def hold(self, operators: list[str]) -> int:
+        """Keep these operators in the dispatcher until :meth:`release` (see the preamble)."""
+        return self._lib.opmagic_hold_operators("\n".join(operators).encode())
+
+    def release(self, handle: int) -> None:
+        """Let go of operators held by :meth:`hold`."""
+        self._lib.opmagic_release_operators(handle)
+
+
+_MAPPED: list[NativeLibrary] = []  # every library ever loaded: never unmapped, fds never reused
+
+
+def _load_failure(path: Path, error: str) -> str:
+    """Why a library does not load, with C++ names for undefined symbols."""
+    match = _UNDEFINED.search(error)
+    if match is None:
+        return f"{path.name} cannot be loaded: {error}"
+    symbol = _demangle(match[1])
+    return (
+        f"{path.name} cannot be loaded: undefined symbol {symbol}. A function or variable is "
+        "declared but never defined in the source, or it lives in a library that is not linked "
+        "(add it with extra_ldflags / --ldflags, e.g. -lmylib)."
+    )
+
+
+def _demangle(symbol: str) -> str:
+    """The C++ name of a mangled symbol (c++filt), or the symbol when c++filt is missing."""
+    tool = shutil.which("c++filt")
+    if tool is None:
+        return symbol
+    result = subprocess.run([tool, symbol], capture_output=True, text=True, check=False)
+    return result.stdout.strip() or symbol

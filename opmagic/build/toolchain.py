@@ -1,0 +1,163 @@
+"""The compiler, torch's headers and libraries, and the flags a build uses.
+
+Found once per process (``$CXX``, else ``c++``/``g++`` on ``PATH``); every problem becomes one
+:class:`~opmagic.errors.ToolchainError` that names what to install.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import CompilerNotFoundError, MissingHeadersError, ToolchainError
+
+INSTALL_COMPILER = (
+    "install a C++ compiler: apt-get install g++ (Debian/Ubuntu), dnf install gcc-c++ "
+    "(Fedora/RHEL), or conda install -c conda-forge gxx_linux-64; or point $CXX at one"
+)
+INSTALL_PYTHON_HEADERS = (
+    "install the Python development headers: apt-get install python3-dev (Debian/Ubuntu), "
+    "dnf install python3-devel (Fedora/RHEL); conda and pyenv Pythons include them"
+)
+TORCH_LIBRARIES = ("c10", "torch_cpu", "torch", "torch_python")
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A working C++ compiler plus the torch and Python paths a build compiles against."""
+
+    compiler: tuple[str, ...]  # the command, e.g. ("/usr/bin/c++",) or ("g++-12",) from $CXX
+    version: str  # compiler version and target, part of every cache key
+    is_gcc: bool  # precompiled headers are used with GCC only
+    ccache: str | None  # ccache executable to prefix compiles with, if installed
+    gold: bool  # link with ld.gold (about twice as fast as ld.bfd against libtorch)
+    torch_includes: tuple[str, ...]
+    python_include: str
+    torch_lib: str
+
+    @property
+    def system_includes(self) -> tuple[str, ...]:
+        """Include directories that hold torch's and Python's headers (never the user's)."""
+        return (*self.torch_includes, self.python_include)
+
+    def identity(self) -> dict[str, str]:
+        """Everything about the environment that changes what a build produces."""
+        return {
+            "compiler": " ".join(self.compiler),
+            "compiler_version": self.version,
+            "torch": torch.__version__,
+            "torch_git": torch.version.git_version,
+            "torch_lib": self.torch_lib,
+            "python": sys.version.split()[0],
+            "python_include": self.python_include,
+        }
+
+    def compile_flags(self, opt_level: str, extra_cflags: tuple[str, ...]) -> list[str]:
+        """Flags of every compile, and of the precompiled header it uses (which must match).
+
+        Like torch's cpp_extension (C++20, -fPIC, the extension macros), plus: hidden
+        visibility (fewer exported symbols, so two loaded versions cannot interpose), no
+        debug info, and the chosen optimisation level. The user's include directories and
+        macros are added per compile: they do not change torch's headers.
+        """
+        flags = [
+            "-std=c++20",
+            "-fPIC",
+            f"-O{opt_level}",
+            "-fvisibility=hidden",
+            "-fvisibility-inlines-hidden",
+            "-fdiagnostics-color=never",
+            "-DTORCH_API_INCLUDE_EXTENSION_H",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        ]
+        for directory in self.system_includes:
+            flags += ["-isystem", directory]
+        return flags + list(extra_cflags)
+
+    def link_flags(self, extra_ldflags: tuple[str, ...]) -> list[str]:
+        """Flags that link an object into a shared library against libtorch."""
+        flags = ["-shared"]
+        if self.gold:
+            flags.append("-fuse-ld=gold")
+        flags += [f"-L{self.torch_lib}", *(f"-l{lib}" for lib in TORCH_LIBRARIES)]
+        flags.append(f"-Wl,-rpath,{self.torch_lib}")
+        return flags + list(extra_ldflags)
+
+
+def find_toolchain() -> Toolchain:
+    """The toolchain for this process's ``$CXX``/``PATH`` (cached); raises what to install."""
+    if not sys.platform.startswith("linux"):
+        raise ToolchainError(
+            f"Compiling operator libraries needs Linux (ELF shared libraries, memfd, flock); "
+            f"this is {sys.platform}. Use a Linux machine or container."
+        )
+    return _find_toolchain(os.environ.get("CXX", ""), os.environ.get("PATH", ""))
+
+
+@functools.cache
+def _find_toolchain(cxx: str, path: str) -> Toolchain:
+    """The toolchain for one ``$CXX`` and ``PATH`` (cached by :func:`find_toolchain`)."""
+    compiler = tuple(shlex.split(cxx)) or _default_compiler(path)
+    launcher = None
+    if compiler and os.path.basename(compiler[0]) == "ccache":  # CXX="ccache g++"
+        launcher, compiler = compiler[0], compiler[1:]
+    if not compiler:
+        raise CompilerNotFoundError(
+            f"No C++ compiler found (c++, g++ on PATH): {INSTALL_COMPILER}."
+        )
+    version_text = _run_version(compiler)
+    torch_root = Path(torch.__file__).parent
+    torch_includes = (
+        str(torch_root / "include"),
+        str(torch_root / "include/torch/csrc/api/include"),
+    )
+    if not (torch_root / "include/torch/library.h").is_file():
+        raise MissingHeadersError(
+            f"torch's C++ headers are missing from {torch_root / 'include'}: this torch install "
+            "cannot build C++ extensions. Reinstall torch from its official wheels or conda "
+            "package (pip install --force-reinstall torch), which ship the headers."
+        )
+    return Toolchain(
+        compiler=compiler,
+        version=version_text,
+        is_gcc="Free Software Foundation" in version_text and "clang" not in version_text,
+        ccache=launcher or shutil.which("ccache", path=path),
+        gold=shutil.which("ld.gold", path=path) is not None,
+        torch_includes=torch_includes,
+        python_include=sysconfig.get_paths()["include"],
+        torch_lib=str(torch_root / "lib"),
+    )
+
+
+def _default_compiler(path: str) -> tuple[str, ...]:
+    """``c++`` or ``g++`` from ``PATH``, or nothing."""
+    for name in ("c++", "g++"):
+        found = shutil.which(name, path=path)
+        if found:
+            return (found,)
+    return ()
+
+
+def _run_version(compiler: tuple[str, ...]) -> str:
+    """``--version`` and ``-dumpmachine`` of the compiler; raises when it does not run."""
+    try:
+        version = subprocess.run(
+            [*compiler, "--version"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+        machine = subprocess.run(
+            [*compiler, "-dumpmachine"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as error:
+        raise CompilerNotFoundError(
+            f"The C++ compiler {' '.join(compiler)!r} does not run ({error}): {INSTALL_COMPILER}."
+        ) from error
+    return f"{version.strip()}\n{machine.strip()}"

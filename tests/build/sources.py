@@ -1,0 +1,60 @@
+"""C++ sources the build and magic tests compile."""
+
+from __future__ import annotations
+
+# the minimal headers of an operator library: every source below uses the "core" header set
+MINIMAL_INCLUDES = "#include <torch/library.h>\n#include <ATen/core/Tensor.h>\n"
+
+
+def op_source(
+    namespace: str,
+    *,
+    schema: str = "scale(Tensor x) -> Tensor",
+    kernel: str = "at::Tensor scale(const at::Tensor& x) { return x.mul(2); }",
+    op: str = "scale",
+    extra: str = "",
+) -> str:
+    """A library defining one operator with a CPU kernel (line 4: TORCH_LIBRARY, line 10: IMPL)."""
+    return (
+        f"{MINIMAL_INCLUDES}"
+        "\n"
+        f"TORCH_LIBRARY({namespace}, m) {{\n"  # line 4
+        f'  m.def("{schema}");\n'  # line 5
+        "}\n"
+        "\n"
+        f"{kernel}\n"  # line 8
+        "\n"
+        f"TORCH_LIBRARY_IMPL({namespace}, CPU, m) {{\n"  # line 10
+        f'  m.impl("{op}", {op});\n'
+        "}\n"
+        f"{extra}"
+    )
+
+
+def reload_variant(namespace: str, version: int) -> tuple[str, str, float]:
+    """One of seven versions of a library whose schema and kernel change between versions.
+
+    Returns ``(source, expected schema, what op(x=ones) returns)``. Odd versions take an
+    extra ``float`` argument; every version's kernel adds its own constant; versions
+    divisible by three define a second operator, which the others must not leave behind.
+    """
+    version %= 7
+    if version % 2:
+        schema = "step(Tensor x, float y=0.5) -> Tensor"
+        kernel = (
+            f"at::Tensor step(const at::Tensor& x, double y) {{ return x.add({version}).add(y); }}"
+        )
+        value = 1 + version + 0.5
+    else:
+        schema = "step(Tensor x) -> Tensor"
+        kernel = f"at::Tensor step(const at::Tensor& x) {{ return x.add({version}); }}"
+        value = 1 + version
+    extra = ""
+    if version % 3 == 0:
+        extra = (
+            f"TORCH_LIBRARY_FRAGMENT({namespace}, m) {{\n"
+            f'  m.def("extra_{version}(Tensor x) -> Tensor");\n'
+            "}\n"
+        )
+    source = op_source(namespace, schema=schema, kernel=kernel, op="step", extra=extra)
+    return source, f"{namespace}::{schema}", value

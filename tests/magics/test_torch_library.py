@@ -1,0 +1,167 @@
+"""``%%torch_library`` in a real IPython shell: cells compile, re-runs replace, errors stop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import get_ipython
+from IPython.utils.capture import capture_output
+
+from opmagic.build import LoadedLibrary
+from opmagic.dispatch import _torch
+from opmagic.errors import BuildOptionError, CompileError, RegistrationError
+from opmagic.magics.torch_library import TorchLibraryMagics, cell_identity
+
+from ..build.sources import op_source, reload_variant
+
+
+@pytest.fixture(scope="module")
+def shell(build_cache) -> Any:
+    """An IPython shell with ``%load_ext opmagic`` done."""
+    ipython = get_ipython()
+    ipython.run_line_magic("load_ext", "opmagic")
+    ipython.run_cell("import torch")
+    return ipython
+
+
+@pytest.fixture
+def magics(shell) -> Iterator[TorchLibraryMagics]:
+    """The shell's %%torch_library instance; what a test's cells loaded is closed after it."""
+    instance = shell.magics_manager.registry["TorchLibraryMagics"]
+    yield instance
+    for library in list(instance.libraries.values()):
+        library.close()
+    instance.libraries.clear()
+
+
+def run(shell: Any, line: str, source: str, cell_id: str | None = None) -> Any:
+    """Run a %%torch_library cell; the ExecutionResult (its output is captured)."""
+    with capture_output():
+        return shell.run_cell(f"%%torch_library {line}\n{source}", cell_id=cell_id)
+
+
+def test_the_magic_documents_its_options(shell):
+    doc = shell.find_cell_magic("torch_library").__doc__
+    for option in ("--name", "--opt", "--include", "--cflags", "--ldflags", "--no-pch"):
+        assert option in doc
+    assert "--force" in doc and "--verbose" in doc
+
+
+def test_a_cell_registers_its_ops_and_shows_them_at_cell_lines(shell, magics):
+    result = run(shell, "", op_source("mg_basic"), cell_id="mg-basic")
+    assert result.success
+    library = result.result
+    assert isinstance(library, LoadedLibrary) and library.label.startswith("cell [")
+    assert library.where(library.operators[0].line) == f"{library.label}, line 5"  # magic: line 1
+    assert f"mg_basic::scale(Tensor x) -> Tensor  {library.label}, line 5" in str(library)
+    assert shell.run_cell("torch.ops.mg_basic.scale(torch.ones(1)).item()").result == 2.0
+    assert magics.libraries == {("cell", "mg-basic"): library}
+
+
+def test_twenty_edit_and_rerun_cycles_replace_schemas_and_kernels(shell, magics):
+    x = torch.ones(2)
+    for cycle in range(20):
+        source, schema, value = reload_variant("mg_cycle", cycle)
+        result = run(shell, "", source, cell_id="mg-cycle")
+        assert result.success, result.error_in_exec
+        assert str(_torch.find_schema("mg_cycle::step", "")) == schema
+        assert torch.ops.mg_cycle.step(x).tolist() == [value, value]
+        extras = {n for n in _torch.all_op_names() if n.startswith("mg_cycle::extra_")}
+        assert extras == ({f"mg_cycle::extra_{cycle % 7}"} if cycle % 7 % 3 == 0 else set())
+        assert list(magics.libraries) == [("cell", "mg-cycle")]
+
+
+def test_a_compile_error_stops_the_run_and_keeps_the_previous_version(shell, magics):
+    assert run(shell, "", op_source("mg_error"), cell_id="mg-error").success
+    broken = op_source("mg_error", kernel="at::Tensor scale(const at::Tensor& x) { return y; }")
+    with capture_output() as captured:
+        result = shell.run_cell(f"%%torch_library\n{broken}", cell_id="mg-error")
+    assert isinstance(result.error_in_exec, CompileError)
+    assert "'y' was not declared in this scope" in captured.stdout
+    assert "Traceback" not in captured.stdout  # the C++ error, not opmagic's Python frames
+    assert shell.run_cell("torch.ops.mg_error.scale(torch.ones(1)).item()").result == 2.0
+
+
+def test_in_a_notebook_progress_updates_in_place_and_errors_show_the_cell_line(
+    shell, magics, monkeypatch
+):
+    monkeypatch.setattr(shell, "kernel", object(), raising=False)  # as in ipykernel's shell
+    formats = [*shell.display_formatter.active_types, "text/html"]  # a terminal shows text only
+    monkeypatch.setattr(shell.display_formatter, "active_types", formats)
+    broken = op_source("mg_notebook", kernel="at::Tensor scale(const at::Tensor& x) { return; }")
+    with capture_output() as captured:
+        result = shell.run_cell(f"%%torch_library\n{broken}", cell_id="mg-notebook")
+    assert isinstance(result.error_in_exec, CompileError)
+    texts = [o.data.get("text/plain", "") for o in captured.outputs]
+    assert any(t.startswith("opmagic: libmg_notebook.so: compiling") for t in texts)
+    html = captured.outputs[-1].data["text/html"]  # the progress output, replaced by the error
+    assert "<details>" in html and "return-statement with no value" in html
+
+
+def test_a_registration_error_names_the_cell_line_and_keeps_the_previous_version(shell, magics):
+    assert run(shell, "", op_source("mg_reg"), cell_id="mg-reg").success
+    duplicate = op_source("mg_reg").replace(
+        '  m.def("scale(Tensor x) -> Tensor");',
+        '  m.def("scale(Tensor x) -> Tensor");\n  m.def("scale(Tensor x) -> Tensor");',
+    )
+    with capture_output() as captured:
+        result = shell.run_cell(f"%%torch_library\n{duplicate}", cell_id="mg-reg")
+    assert isinstance(result.error_in_exec, RegistrationError)
+    assert ", line 5: Tried to register an operator (mg_reg::scale" in captured.stdout
+    assert shell.run_cell("torch.ops.mg_reg.scale(torch.ones(1)).item()").result == 2.0
+
+
+def test_without_cell_ids_a_cell_is_recognised_by_the_namespace_it_defines(shell, magics):
+    assert run(shell, "", op_source("mg_noid")).success
+    edited = op_source("mg_noid", kernel="at::Tensor scale(const at::Tensor& x) { return x; }")
+    result = run(shell, "", edited)
+    assert result.success, result.error_in_exec
+    assert shell.run_cell("torch.ops.mg_noid.scale(torch.ones(1)).item()").result == 1.0
+    assert list(magics.libraries) == [("defines", ("mg_noid",))]
+
+
+def test_cell_identity_without_a_cell_id():
+    assert cell_identity(op_source("a")) == ("defines", ("a",))
+    impl_only = "TORCH_LIBRARY_IMPL(a, CPU, m) {}\nTORCH_LIBRARY_FRAGMENT(b, m) {}\n"
+    assert cell_identity(impl_only) == ("registers", (("a", "CPU"), ("b", "FRAGMENT")))
+
+
+def test_options_reach_compile_library(shell, magics, tmp_path, capsys):
+    (tmp_path / "offset.h").write_text("constexpr int kOffset = 40;\n")
+    source = op_source(
+        "mg_options",
+        kernel='#include "offset.h"\n'
+        "at::Tensor scale(const at::Tensor& x) { return x.add(kOffset + BONUS); }",
+    )
+    line = f'--name optlib --cflags="-DBONUS=2" -I {tmp_path} --force --verbose'
+    with capture_output() as captured:
+        result = shell.run_cell(f"%%torch_library {line}\n{source}", cell_id="mg-options")
+    assert result.success, result.error_in_exec
+    library = result.result
+    assert library.path.name == "liboptlib.so" and not library.build.cached
+    assert "-DBONUS=2" in captured.stderr and f"-I{tmp_path}" in captured.stderr  # --verbose
+    assert shell.run_cell("torch.ops.mg_options.scale(torch.zeros(1)).item()").result == 42.0
+
+
+def test_bad_options_are_refused_with_the_magic_named(shell, magics):
+    with capture_output():
+        result = shell.run_cell("%%torch_library --opt 7\n" + op_source("mg_bad"))
+    assert isinstance(result.error_in_exec, BuildOptionError)
+    assert str(result.error_in_exec).startswith("%%torch_library: Unknown optimisation level")
+    with capture_output():
+        result = shell.run_cell("%%torch_library --no-such-option\n" + op_source("mg_bad"))
+    assert isinstance(result.error_in_exec, UsageError)
+
+
+def test_close_unregisters_every_cell_and_stops_following_cells(shell):
+    magics = TorchLibraryMagics(shell)
+    magics._remember_cell(type("Info", (), {"cell_id": "mg-close"})())
+    magics.torch_library("", op_source("mg_close"))
+    assert _torch.find_schema("mg_close::scale", "") is not None
+    magics.close()
+    assert _torch.find_schema("mg_close::scale", "") is None and magics.libraries == {}
+    assert magics._remember_cell not in shell.events.callbacks["pre_run_cell"]
