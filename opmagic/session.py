@@ -83,6 +83,11 @@ class TrackedHandle:
             self.closed = True
             self.handle.close()
 
+    @property
+    def is_open(self) -> bool:
+        """Neither closed by the session nor by its owner (a handle whose ``closed`` is True)."""
+        return not self.closed and getattr(self.handle, "closed", False) is not True
+
 
 @dataclass(eq=False)
 class CellRecord:
@@ -110,7 +115,7 @@ class CellRecord:
         """Nothing of the run is left to undo or to show."""
         return not (
             self.registrations
-            or any(not h.closed for h in self.handles)
+            or any(h.is_open for h in self.handles)
             or self.changes
             or any(not _torch.is_torch_held_library(lib) for lib in self.live_libraries())
         )
@@ -326,7 +331,7 @@ class Session:
         """
         if self._previous is None:
             return []
-        return [t.handle for t in self._previous.handles if not t.closed]
+        return [t.handle for t in self._previous.handles if t.is_open]
 
     def release(self, handle: Any) -> None:
         """Close a tracked handle now and forget it."""
@@ -381,7 +386,7 @@ class Session:
                 for lib in record.live_libraries()
                 if not _torch.is_torch_held_library(lib)
             ]
-            items += [(t.description, "") for t in record.handles if not t.closed]
+            items += [(t.description, "") for t in record.handles if t.is_open]
             if items or record.notes:
                 notes = tuple(record.notes)
                 cells.append(CellReport(record.label, record.key, tuple(items), notes))

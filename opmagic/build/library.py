@@ -104,6 +104,12 @@ class LoadedLibrary:
         """Namespaces of the library's blocks, in source order (``_`` for fallbacks)."""
         return tuple(dict.fromkeys(b.namespace for b in self.blocks))
 
+    @property
+    def description(self) -> str:
+        """One line for listings: the library, its operators and how many kernels it added."""
+        ops = ", ".join(op.name for op in self.operators) or "no new operators"
+        return f"C++ library {self.name}: {ops}; {len(self.kernels)} kernels"
+
     def where(self, line: int | None) -> str:
         """A source line as the user sees it: ``cell [3], line 6``."""
         return where(self.label, line, self.first_line)

@@ -39,4 +39,7 @@ def unload_ipython_extension(ipython: Any) -> None:
         for kind, names in magics.magics.items():
             for magic_name in names:
                 ipython.magics_manager.magics[kind].pop(magic_name, None)
+        instance = ipython.magics_manager.registry.pop(name, None)
+        if hasattr(instance, "close"):  # magics holding resources (loaded C++ libraries)
+            instance.close()
     session.stop()

@@ -23,6 +23,7 @@ from IPython.display import display
 from ..build import DEFAULT_OPT_LEVEL, BuildProgress, LoadedLibrary, compile_library
 from ..build.progress import stderr_progress
 from ..errors import BuildOptionError, CompileError
+from ..session import active_session
 
 _BLOCK = re.compile(r"\bTORCH_LIBRARY(?P<kind>_FRAGMENT|_IMPL)?\s*\((?P<args>[^)]*)\)")
 CELL_BODY_FIRST_LINE = 2  # line 1 of a %%torch_library cell is the magic line
@@ -157,6 +158,9 @@ class TorchLibraryMagics(Magics):
             raise BuildOptionError(f"%%torch_library: {error}") from None
         self.libraries = {k: v for k, v in self.libraries.items() if not v.closed}
         self.libraries[key] = library
+        session = active_session()
+        if session is not None:  # listed by %opmagic session; closed at unload at the latest
+            session.track(library, library.description)
         return library
 
     def _previous(self, key: tuple) -> LoadedLibrary | None:

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from IPython.utils.capture import capture_output
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opmagic
@@ -424,3 +425,29 @@ def test_the_session_works_without_ipython() -> None:
         session.close()
     assert active_session() is None
     assert "t_plain::f" not in torch._C._dispatch_get_all_op_names()
+
+
+def test_torch_library_cells_are_listed_and_removed_at_unload(ipython, build_cache) -> None:
+    """A %%torch_library cell's C++ library is one of the session's cells' resources."""
+    names = torch._C._dispatch_get_all_op_names()
+    ipython.run_line_magic("load_ext", "opmagic")
+    cells = Cells(ipython)
+    try:
+        source = textwrap.dedent("""\
+            %%torch_library
+            #include <torch/library.h>
+            #include <ATen/core/Tensor.h>
+            at::Tensor twice(const at::Tensor& x) { return x.add(x); }
+            TORCH_LIBRARY(session_cpp, m) { m.def("twice(Tensor x) -> Tensor"); }
+            TORCH_LIBRARY_IMPL(session_cpp, CPU, m) { m.impl("twice", twice); }
+            """)
+        with capture_output():
+            cells.run(source)
+            cells.run(source)  # a re-run replaces the library: listed once
+            listing = ipython.run_line_magic("opmagic", "session")
+        assert str(listing).count("C++ library session_cpp: session_cpp::twice") == 1
+        assert torch.ops.session_cpp.twice(torch.ones(2)).tolist() == [2.0, 2.0]
+    finally:
+        ipython.run_line_magic("unload_ext", "opmagic")
+        ipython.reset()
+    assert torch._C._dispatch_get_all_op_names() == names

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import torch
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import get_ipython
 from IPython.utils.capture import capture_output
 
 from opmagic.build import LoadedLibrary
@@ -20,12 +19,12 @@ from ..build.sources import op_source, reload_variant
 
 
 @pytest.fixture(scope="module")
-def shell(build_cache) -> Any:
-    """An IPython shell with ``%load_ext opmagic`` done."""
-    ipython = get_ipython()
+def shell(ipython, build_cache) -> Iterator[Any]:
+    """The test shell with ``%load_ext opmagic`` done (undone after the module)."""
     ipython.run_line_magic("load_ext", "opmagic")
     ipython.run_cell("import torch")
-    return ipython
+    yield ipython
+    ipython.run_line_magic("unload_ext", "opmagic")
 
 
 @pytest.fixture

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOK = ROOT / "notebooks" / "dispatcher_tutorial.ipynb"
 
 
 def _text(cell: nbformat.NotebookNode) -> str:
@@ -26,25 +21,9 @@ def _text(cell: nbformat.NotebookNode) -> str:
 
 
 @pytest.fixture(scope="module")
-def executed(build_cache, tmp_path_factory) -> list[nbformat.NotebookNode]:
-    """The notebook's code cells after a run in kernel python3 with this checkout importable."""
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTHONPATH", pythonpath)  # XDG_CACHE_HOME is the run's build cache
-        NotebookClient(
-            notebook,
-            kernel_name="python3",
-            timeout=600,
-            resources={"metadata": {"path": str(tmp_path_factory.mktemp("tutorial"))}},
-        ).execute()  # raises CellExecutionError, naming the cell, on any error
-    return [cell for cell in notebook.cells if cell.cell_type == "code"]
-
-
-def test_committed_without_outputs():
-    for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
-        if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None
+def executed(run_notebook) -> list[nbformat.NotebookNode]:
+    """The notebook's code cells after a run in a fresh kernel."""
+    return [c for c in run_notebook("dispatcher_tutorial").cells if c.cell_type == "code"]
 
 
 @pytest.mark.slow

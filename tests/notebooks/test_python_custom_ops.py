@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOK = ROOT / "notebooks" / "python_custom_ops.ipynb"
 
 
 @pytest.fixture(scope="module")
-def executed() -> nbformat.NotebookNode:
-    """The notebook after running every cell in a python3 kernel that imports this checkout."""
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(
-        notebook,
-        kernel_name="python3",
-        timeout=300,
-        resources={"metadata": {"path": str(NOTEBOOK.parent)}},
-    )
-    client.execute(env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return notebook
-
-
-def test_the_notebook_is_committed_without_outputs() -> None:
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    for cell in notebook.cells:
-        if cell.cell_type == "code":
-            assert not cell.outputs and cell.execution_count is None, cell.source[:60]
+def executed(run_notebook) -> nbformat.NotebookNode:
+    """The notebook after running every cell in a fresh kernel."""
+    return run_notebook("python_custom_ops")
 
 
 def test_every_example_runs_twice_as_a_magic_and_as_a_plain_cell(

@@ -1,0 +1,43 @@
+"""Notebook execution shared by the notebook tests: each notebook runs once per test run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+_TIMEOUT_S = 600  # per cell: a cold C++ build on a loaded 2-core CI machine
+
+
+@pytest.fixture(scope="session")
+def run_notebook(
+    build_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], nbformat.NotebookNode]:
+    """``run_notebook("quickstart")``: the notebook after running every cell once.
+
+    Kernel ``python3`` in a fresh process with this checkout on ``PYTHONPATH`` and the run's
+    private build cache (``XDG_CACHE_HOME``); raises ``CellExecutionError`` naming the cell
+    on an error that the cell is not tagged to raise.
+    """
+    done: dict[str, nbformat.NotebookNode] = {}
+
+    def run(name: str) -> nbformat.NotebookNode:
+        if name not in done:
+            notebook = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+            pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+            NotebookClient(
+                notebook,
+                kernel_name="python3",
+                timeout=_TIMEOUT_S,
+                resources={"metadata": {"path": str(tmp_path_factory.mktemp(name))}},
+            ).execute(env={**os.environ, "PYTHONPATH": pythonpath})
+            done[name] = notebook
+        return done[name]
+
+    return run
