@@ -9,6 +9,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from ..custom_op import CustomOpResult, custom_op_from_source
 from ..errors import OpmagicError
+from .session import running_cell_number
 
 
 def _unquote(text: str | None) -> str | None:
@@ -112,7 +113,7 @@ class CustomOpMagics(Magics):
         devices = _names(device_types) if device_types is not None else None
         source = f"# %%custom_op {line}\n{cell}"
         shell = self.shell
-        filename = shell.compile.cache(source, shell.execution_count, raw_code=source)
+        filename = shell.compile.cache(source, running_cell_number(shell), raw_code=source)
         try:
             return custom_op_from_source(
                 source,

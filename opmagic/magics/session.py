@@ -30,6 +30,7 @@ class IPythonSession:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.session = Session(is_cell_code=self.is_cell_code)
+        self.running_number = shell.execution_count  # the In [n] of the cell running now
 
     def start(self) -> None:
         """Start tracking cells (and name cell sites ``cell [n], line k`` in tables)."""
@@ -51,7 +52,8 @@ class IPythonSession:
 
     def pre_run_cell(self, info: Any) -> None:
         """A cell starts: its registrations from now on belong to it."""
-        label = f"[{self.shell.execution_count}]"
+        self.running_number = _number_of_starting_cell(self.shell)
+        label = f"[{self.running_number}]"
         self.session.begin(getattr(info, "cell_id", None), label, self.shell.user_ns)
 
     def post_run_cell(self, result: Any) -> None:
@@ -73,6 +75,22 @@ class IPythonSession:
         """``cell [n], line k`` for a site in a cell (a labeler for dispatch tables)."""
         number = self.cell_number(filename)
         return None if number is None else f"cell [{number}], line {line}"
+
+
+def _number_of_starting_cell(shell: Any) -> int:
+    """The In [n] of the cell that ``pre_run_cell`` announces, on every IPython version.
+
+    IPython up to 9.5 advances ``execution_count`` after a cell ran, later versions before
+    ``pre_run_cell``; the input history holds an empty first entry and one per earlier
+    stored cell in both, so its length is the starting cell's number.
+    """
+    history = getattr(shell.history_manager, "input_hist_raw", None)
+    return len(history) if history else shell.execution_count
+
+
+def running_cell_number(shell: Any) -> int:
+    """The In [n] of the cell running now (for magics that label what the cell made)."""
+    return _running.running_number if _running is not None else shell.execution_count
 
 
 def start(shell: Any) -> None:

@@ -24,6 +24,7 @@ from ..build import DEFAULT_OPT_LEVEL, BuildProgress, LoadedLibrary, compile_lib
 from ..build.progress import stderr_progress
 from ..errors import BuildOptionError, CompileError
 from ..session import active_session
+from .session import running_cell_number
 
 _BLOCK = re.compile(r"\bTORCH_LIBRARY(?P<kind>_FRAGMENT|_IMPL)?\s*\((?P<args>[^)]*)\)")
 CELL_BODY_FIRST_LINE = 2  # line 1 of a %%torch_library cell is the magic line
@@ -146,7 +147,7 @@ class TorchLibraryMagics(Magics):
                 force=args.force,
                 verbose=args.verbose,
                 replace=self._previous(key),
-                label=f"cell [{self.shell.execution_count}]",
+                label=f"cell [{running_cell_number(self.shell)}]",
                 first_line=CELL_BODY_FIRST_LINE,
                 progress=progress,
             )
