@@ -107,7 +107,7 @@ def test_a_cu_splits_into_host_and_device_code_with_its_line_numbers():
     kernel_line = _line_of(EXTENSION_CU, "__global__ void add_kernel") - 1
     # the kernel: defined on the device side, declared on the host side
     assert "__global__ void add_kernel" in device[kernel_line]
-    assert host[kernel_line].rstrip().endswith(";")
+    assert host[kernel_line + 1].rstrip().endswith("int64_t n) ;")  # declared, body gone
     assert "out[i] = a[i] + b[i]" not in split.host
     # torch's host headers, host functions and TORCH_LIBRARY blocks stay out of nvcc's input
     assert "torch/library.h" not in split.device and "cuda_runtime.h" in split.device
