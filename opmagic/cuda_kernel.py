@@ -190,22 +190,31 @@ def register_cuda_op(
         if callable(launch)
         else _launch_function(kernels, qualname, launch, target, place, filename)
     )
-    site = registration_site(filename, 1) if filename and active_session() else None
+    session = active_session()
+    opdef = _torch.custom_op_def(qualname)
+    # a definition this session made with torch.library (this cell's previous run, say) is
+    # made again: the session adopts it unchanged and lets its previous owner go
+    define = existing is None or (
+        new_schema is not None
+        and opdef is None
+        and session is not None
+        and session.owns_definition(qualname)
+    )
+    site = registration_site(filename, 1) if filename and session else None
     with site if site is not None else contextlib.nullcontext():
-        opdef = _torch.custom_op_def(qualname)
         library = None
         if opdef is not None:
             opdef.register_kernel("cuda", function)
         else:
             library = torch.library.Library(namespace, "FRAGMENT")
-            if existing is None:
-                library.define(str(new_schema).split("::", 1)[1])
+            if define:
+                library.define(str(target).split("::", 1)[1])
             library.impl(name, function, "CUDA")
     return CudaOp(
         qualname,
         str(target),
         launch if isinstance(launch, str) else getattr(launch, "__name__", repr(launch)),
-        existing is None,
+        define,
         function,
         library,
     )
