@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import BuildOptionError, CompileError, MissingHeadersError
+from ..errors import BuildOptionError, CompileError, LoadError, MissingHeadersError
 from .cache import BuildCache
 from .compiler import StepResult, run_step
 from .cuda import (
@@ -419,19 +419,28 @@ def compile_cuda_library(
     )
     if not all(isinstance(f, str) for f in cuda.nvcc_flags):
         raise BuildOptionError(f"nvcc_flags must be strings, got {nvcc_flags!r}.")
-    return compile_and_load(
-        source,
-        name=name,
-        extra_cflags=extra_cflags,
-        extra_ldflags=extra_ldflags,
-        include_dirs=include_dirs,
-        opt_level=opt_level,
-        precompiled_headers=precompiled_headers,
-        force=force,
-        verbose=verbose,
-        replace=replace,
-        label=label,
-        first_line=first_line,
-        progress=progress,
-        cuda=cuda,
-    )
+    try:
+        return compile_and_load(
+            source,
+            name=name,
+            extra_cflags=extra_cflags,
+            extra_ldflags=extra_ldflags,
+            include_dirs=include_dirs,
+            opt_level=opt_level,
+            precompiled_headers=precompiled_headers,
+            force=force,
+            verbose=verbose,
+            replace=replace,
+            label=label,
+            first_line=first_line,
+            progress=progress,
+            cuda=cuda,
+        )
+    except LoadError as error:
+        if torch.version.cuda is None and "::cuda::" in str(error):
+            raise LoadError(
+                f"{error} torch {torch.__version__} is a CPU build: torch's CUDA libraries "
+                "(libc10_cuda, libtorch_cuda) that host code using at::cuda/c10::cuda needs are "
+                "not there. Install a CUDA build of torch."
+            ) from None
+        raise
