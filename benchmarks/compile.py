@@ -125,7 +125,7 @@ class Runner:
         }
         self.runs = 0
 
-    def _child(self, code: str, source: str, *args: str) -> dict:
+    def child(self, code: str, source: str, *args: str) -> dict:
         """Run ``code`` in a fresh Python with ``source`` on stdin; its JSON report."""
         result = subprocess.run(
             [sys.executable, "-c", code, *args],
@@ -146,7 +146,7 @@ class Runner:
 
     def opmagic(self, source: str) -> dict:
         """compile_library(source) in a fresh process."""
-        return self._child(OPMAGIC_CHILD, source)
+        return self.child(OPMAGIC_CHILD, source)
 
     def cold(self, source: str, times: int) -> float:
         """Median seconds of compile_library building a never-built variant of ``source``."""
@@ -155,13 +155,13 @@ class Runner:
     def edit(self, before: str, after: str) -> float:
         """Seconds to rebuild and swap in ``after`` where ``before`` is loaded."""
         sources = json.dumps({"before": before, "after": after})
-        return self._child(EDIT_CHILD, sources)["seconds"]
+        return self.child(EDIT_CHILD, sources)["seconds"]
 
     def load_inline(self, source: str, build_dir: str, headers: str = "implicit") -> float:
         """load_inline(source) in a fresh process, building in ``build_dir``."""
         directory = self.scratch / build_dir
         directory.mkdir(exist_ok=True)
-        return self._child(LOAD_INLINE_CHILD, source, build_dir, str(directory), headers)["seconds"]
+        return self.child(LOAD_INLINE_CHILD, source, build_dir, str(directory), headers)["seconds"]
 
 
 def line(name: str, seconds: float, baseline: float | None = None, target: str = "") -> None:

@@ -7,8 +7,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .build import LoadedLibrary, compile_library
+from .build import (
+    CudaKernel,
+    CudaKernels,
+    LoadedLibrary,
+    cdiv,
+    compile_cuda_kernels,
+    compile_cuda_library,
+    compile_library,
+)
 from .checks import CheckReport, CheckRow, check_op
+from .cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
 from .custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .dispatch import (
     DispatchTable,
@@ -29,7 +38,9 @@ from .errors import (
     BuildError,
     CellSourceError,
     CompileError,
+    CudaToolkitError,
     ForeignOperatorError,
+    NoGPUError,
     NotAnOperatorError,
     OperatorNameError,
     OpmagicError,
@@ -76,12 +87,18 @@ __all__ = [
     "CheckReport",
     "CheckRow",
     "CompileError",
+    "CudaKernel",
+    "CudaKernelResult",
+    "CudaKernels",
+    "CudaOp",
+    "CudaToolkitError",
     "CustomOpResult",
     "DispatchTable",
     "ForeignOperatorError",
     "KernelRow",
     "KeyInfo",
     "LoadedLibrary",
+    "NoGPUError",
     "NotAnOperatorError",
     "OperatorNameError",
     "OpmagicError",
@@ -95,8 +112,12 @@ __all__ = [
     "ToolchainError",
     "UnknownOperatorError",
     "active_session",
+    "cdiv",
     "check_op",
+    "compile_cuda_kernels",
+    "compile_cuda_library",
     "compile_library",
+    "cuda_kernel_from_source",
     "custom_op_from_source",
     "dispatch_table",
     "explore",

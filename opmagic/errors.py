@@ -56,6 +56,14 @@ class MissingHeadersError(ToolchainError):
     """Headers the build needs (torch's C++ headers, ``Python.h``) are not installed."""
 
 
+class CudaToolkitError(ToolchainError):
+    """nvcc, CUDA's headers or NVRTC are missing, or do not fit this torch."""
+
+
+class NoGPUError(OpmagicError, RuntimeError):
+    """A kernel was asked to run where no GPU can run it (no driver, no device, CPU torch)."""
+
+
 class CacheDirectoryError(BuildError):
     """The build cache directory is unsafe to load from (another owner, or open to others)."""
 

@@ -1,14 +1,18 @@
 """Turning C++ source into a loaded library: cache, compiler, precompiled headers, loading.
 
-Usable without IPython: :func:`compile_library` is the whole API; the ``%%torch_library``
-magic is a front on it.
+Usable without IPython: :func:`compile_library` (C++), :func:`compile_cuda_library` (CUDA
+full path) and :func:`compile_cuda_kernels` (NVRTC quick path) are the API; the
+``%%torch_library`` and ``%%cuda_kernel`` magics are fronts on them.
 """
 
 from .cache import cache_root
+from .cuda_library import compile_cuda_library
 from .diagnostics import Diagnostic
 from .headers import HEADER_SETS, HeaderSet
+from .launcher import CudaKernel, cdiv
 from .library import DEFAULT_OPT_LEVEL, BuildInfo, LoadedLibrary, compile_library
 from .loader import Block
+from .nvrtc import CudaKernels, compile_cuda_kernels
 from .progress import BuildProgress, StderrProgress, stderr_progress
 from .registrations import NewKernel, NewOperator
 
@@ -18,6 +22,8 @@ __all__ = [
     "Block",
     "BuildInfo",
     "BuildProgress",
+    "CudaKernel",
+    "CudaKernels",
     "Diagnostic",
     "HeaderSet",
     "LoadedLibrary",
@@ -25,6 +31,9 @@ __all__ = [
     "NewOperator",
     "StderrProgress",
     "cache_root",
+    "cdiv",
+    "compile_cuda_kernels",
+    "compile_cuda_library",
     "compile_library",
     "stderr_progress",
 ]

@@ -3,11 +3,14 @@
 GCC reports ``file:line:col: error: message``, preceded by context lines (``In function``,
 ``In instantiation of``, ``required from here``) and followed by notes. An error inside a
 torch header is about the user line that instantiated the template: :attr:`Diagnostic.user_line`
-is that line, so the message can point at the cell line to fix.
+is that line, so the message can point at the cell line to fix. nvcc and NVRTC (NVIDIA's EDG
+front end) report ``file(line): error: message``, with the instantiation site after it
+(``detected during ... at line 12 of "cell.cu"``), and their tools ``ptxas error : ...``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from dataclasses import dataclass
@@ -22,6 +25,16 @@ _LOCATED = re.compile(
 _TOOL = re.compile(
     r"^(?P<file>[\w.+-]+): (?P<severity>fatal error|error|warning): (?P<message>.*)$"
 )
+_EDG = re.compile(
+    r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?P<severity>catastrophic error|error|warning"
+    r"|remark)(?: #[\w-]+)?: (?P<message>.*)$"
+)
+_NVIDIA_TOOL = re.compile(
+    r"^(?P<file>nvcc|ptxas|nvlink|fatbinary|cicc) (?P<severity>fatal|error|warning)\s*: "
+    r"(?P<message>.*)$"
+)
+_EDG_SITE = re.compile(r'at line (?P<line>\d+) of "?(?P<file>[^"\s]+)"?')
+_SEVERITY = {"catastrophic error": "fatal error", "fatal": "fatal error", "remark": "note"}
 _CONTEXT_SITE = re.compile(
     r"^(?:In file included from |\s+from )?(?P<file>[^\s:][^:]*):(?P<line>\d+)"
 )
@@ -57,11 +70,20 @@ def parse_diagnostics(output: str, source_name: str) -> tuple[Diagnostic, ...]:
         line = raw.rstrip()
         if not line or _SOURCE_EXCERPT.match(line):
             continue
-        match = _LOCATED.match(line) or _TOOL.match(line)
+        match = (
+            _LOCATED.match(line)
+            or _TOOL.match(line)
+            or _EDG.match(line)
+            or _NVIDIA_TOOL.match(line)
+        )
         if match is None:
+            site = _EDG_SITE.search(line)
+            if site and found and found[-1].user_line is None and site["file"] == source_name:
+                found[-1] = dataclasses.replace(found[-1], user_line=int(site["line"]))
             context.append(line.strip())
             continue
         fields = match.groupdict()
+        fields["severity"] = _SEVERITY.get(fields["severity"], fields["severity"])
         file = fields["file"]
         number = int(fields["line"]) if fields.get("line") else None
         column = int(fields["column"]) if fields.get("column") else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,7 +82,11 @@ def included_torch_headers(source: str, toolchain: Toolchain) -> tuple[str, ...]
 
 
 def choose_header_set(
-    source: str, toolchain: Toolchain, flags: list[str], cache: BuildCache
+    source: str,
+    toolchain: Toolchain,
+    flags: list[str],
+    cache: BuildCache,
+    search_flags: Sequence[str] = (),
 ) -> HeaderSet:
     """The smallest header set that leaves at most :data:`MAX_UNCOVERED_FILES` of the files
     ``source``'s torch includes pull in to be parsed on each build.
@@ -89,12 +94,13 @@ def choose_header_set(
     A bigger set costs more per build even when precompiled (its templates are instantiated
     in every compile: about 1.4 s for core, 5.7 s for all, 7.5 s for extension), so a few
     uncovered headers are cheaper than the next set. When no set is close enough, the one
-    leaving the fewest files uncovered.
+    leaving the fewest files uncovered. ``search_flags`` (e.g. CUDA's include directories)
+    let the source's own includes be found.
     """
     wanted = included_torch_headers(source, toolchain)
     if not wanted:
         return HEADER_SETS[0]
-    needed = header_closure(wanted, toolchain, flags, cache)
+    needed = header_closure(wanted, toolchain, [*flags, *search_flags], cache)
     best: tuple[int, HeaderSet] | None = None
     for header_set in HEADER_SETS:
         uncovered = len(needed - header_closure(header_set.headers, toolchain, flags, cache))
@@ -139,6 +145,7 @@ def prepare_prefix(
     *,
     precompile: bool,
     retry_failed: bool,
+    search_flags: Sequence[str] = (),
 ) -> Prefix:
     """The prefix header for ``source``, precompiled (built now if missing) when possible.
 
@@ -147,9 +154,11 @@ def prepare_prefix(
     refuses a precompiled header whose macros differ where it matters; such macros are
     recorded (:func:`record_macro`) and precompiled in from then on. A header set that
     failed to precompile is compiled as plain text from then on, unless ``retry_failed``.
+    ``search_flags`` are include flags the source's compile adds (they do not change the
+    precompiled header, so it is shared with sources that do not need them).
     """
     header_set = (
-        choose_header_set(source, toolchain, flags, cache)
+        choose_header_set(source, toolchain, flags, cache, search_flags)
         if precompile and toolchain.is_gcc
         else None
     )

@@ -32,7 +32,7 @@ from ..errors import (
 from .cache import BuildCache, digest, write_atomic
 from .compiler import StepResult, run_step
 from .diagnostics import failure_text, first_error, parse_diagnostics, where
-from .headers import PREAMBLE, macro_name, prepare_prefix, record_macro
+from .headers import PREAMBLE, Prefix, macro_name, prepare_prefix, record_macro
 from .loader import Block, NativeLibrary
 from .progress import ProgressCallback, Stopwatch, stderr_progress
 from .registrations import (
@@ -46,6 +46,7 @@ from .toolchain import INSTALL_PYTHON_HEADERS, Toolchain, find_toolchain
 
 if TYPE_CHECKING:
     from ..dispatch.table import DispatchTable
+    from .cuda_library import CudaBuild
 
 OPT_LEVELS = ("0", "1", "2", "3", "s", "g")
 DEFAULT_OPT_LEVEL = "1"  # builds ~25% faster than -O2; ask for 2 or 3 to time kernels
@@ -73,6 +74,10 @@ class BuildInfo:
     commands: tuple[str, ...]  # compile and link commands
     log: str  # compiler and linker output (warnings)
     note: str = ""  # why precompiled headers were not used, when they were not
+    source_name: str = ""  # the source as written, in ``directory``: the registration site
+    cuda_mode: str = ""  # CUDA builds: "split" (nvcc and g++) or "whole" (nvcc alone)
+    archs: tuple[str, ...] = ()  # CUDA builds: the GPU architectures compiled for
+    device_seconds: float = 0.0  # CUDA builds: what nvcc took
 
 
 @dataclass(eq=False)
@@ -108,7 +113,8 @@ class LoadedLibrary:
     def description(self) -> str:
         """One line for listings: the library, its operators and how many kernels it added."""
         ops = ", ".join(op.name for op in self.operators) or "no new operators"
-        return f"C++ library {self.name}: {ops}; {len(self.kernels)} kernels"
+        kind = "CUDA" if self.build.cuda_mode else "C++"
+        return f"{kind} library {self.name}: {ops}; {len(self.kernels)} kernels"
 
     def where(self, line: int | None) -> str:
         """A source line as the user sees it: ``cell [3], line 6``."""
@@ -182,9 +188,46 @@ def compile_library(
     version stays registered), or a :class:`~opmagic.errors.ToolchainError` naming what to
     install.
     """
+    return compile_and_load(
+        source,
+        name=name,
+        extra_cflags=extra_cflags,
+        extra_ldflags=extra_ldflags,
+        include_dirs=include_dirs,
+        opt_level=opt_level,
+        precompiled_headers=precompiled_headers,
+        force=force,
+        verbose=verbose,
+        replace=replace,
+        label=label,
+        first_line=first_line,
+        progress=progress,
+        cuda=None,
+    )
+
+
+def compile_and_load(
+    source: str,
+    *,
+    name: str | None,
+    extra_cflags: Sequence[str] | str,
+    extra_ldflags: Sequence[str] | str,
+    include_dirs: Sequence[str | os.PathLike],
+    opt_level: int | str,
+    precompiled_headers: bool,
+    force: bool,
+    verbose: bool,
+    replace: LoadedLibrary | None,
+    label: str | None,
+    first_line: int,
+    progress: ProgressCallback | None,
+    cuda: CudaBuild | None,
+) -> LoadedLibrary:
+    """The pipeline of :func:`compile_library`; with ``cuda``, of the CUDA full path too."""
     if not isinstance(source, str) or not source.strip():
         raise BuildOptionError(
-            "The source is empty: write C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks."
+            f"The source is empty: write {'CUDA ' if cuda else ''}C++ with TORCH_LIBRARY / "
+            "TORCH_LIBRARY_IMPL blocks."
         )
     source = source.rstrip() + "\n"  # trailing blank lines do not make another build
     name = _library_name(name, source)
@@ -212,11 +255,14 @@ def compile_library(
             "preamble": PREAMBLE,
             "precompiled_headers": precompiled_headers,
             **toolchain.identity(),
+            **(cuda.identity() if cuda is not None else {}),
         }
     )
-    label = label or f"{name}.cpp"
+    label = label or f"{name}.{'cu' if cuda is not None else 'cpp'}"
     build = _cached_or_built(
-        _BuildRequest(source, name, key, flags, defines, link_flags, includes, precompiled_headers),
+        _BuildRequest(
+            source, name, key, flags, defines, link_flags, includes, precompiled_headers, cuda
+        ),
         toolchain,
         cache,
         label,
@@ -227,7 +273,7 @@ def compile_library(
     )
     started = time.perf_counter()
     native = NativeLibrary(build.directory / f"lib{name}.so")
-    source_file = build.directory / f"{name}.cpp"
+    source_file = build.directory / build.source_name
     if not native.blocks:
         raise RegistrationError(
             f"{label} defines no TORCH_LIBRARY, TORCH_LIBRARY_FRAGMENT or TORCH_LIBRARY_IMPL "
@@ -322,6 +368,7 @@ class _BuildRequest:
     link_flags: list[str]
     include_dirs: tuple[str, ...]
     precompiled_headers: bool
+    cuda: CudaBuild | None = None  # a CUDA full-path build: its own steps (cuda_library.py)
 
 
 def _cached_or_built(
@@ -356,7 +403,8 @@ def _cached_or_built(
             return recorded
         scratch = cache.scratch_dir(request.key)
         try:
-            build = _build(request, toolchain, cache, scratch, stopwatch, label, first_line, force)
+            steps = request.cuda.build if request.cuda is not None else _build
+            build = steps(request, toolchain, cache, scratch, stopwatch, label, first_line, force)
             if directory.exists():  # a forced rebuild, or one because a user header changed
                 shutil.rmtree(directory)
             os.rename(scratch, directory)  # atomic: readers see no build or a whole one
@@ -377,8 +425,8 @@ def _recorded_build(directory: Path) -> BuildInfo | None:
         record = json.loads((directory / "build.json").read_text())
     except (OSError, ValueError):
         return None
-    if os.stat(directory).st_uid != os.getuid():
-        return None
+    if os.stat(directory).st_uid != os.getuid() or "source_name" not in record:
+        return None  # someone else's, or recorded by an opmagic that did not name the source
     for path, size, mtime_ns in record["user_headers"]:
         try:
             info = os.stat(path)
@@ -398,6 +446,9 @@ def _recorded_build(directory: Path) -> BuildInfo | None:
         commands=tuple(record["commands"]),
         log=record["log"],
         note=record["note"],
+        source_name=record["source_name"],
+        cuda_mode=record.get("cuda_mode", ""),
+        archs=tuple(record.get("archs", ())),
     )
 
 
@@ -414,9 +465,58 @@ def _build(
     """Compile and link ``request`` in ``scratch`` (which becomes the published directory)."""
     name = request.name
     source_name = f"{name}.cpp"
-    (scratch / source_name).write_text(request.source)
+    unit = compile_unit(
+        request,
+        toolchain,
+        cache,
+        scratch,
+        stopwatch,
+        source_text=request.source,
+        source_name=source_name,
+        retry_headers=retry_headers,
+    )
+    if unit.step.returncode != 0:
+        raise compile_error(request, toolchain, unit.step, source_name, label, first_line)
+    linked = link(request, toolchain, scratch, stopwatch, [unit.object_name])
+    if linked.returncode != 0:
+        raise compile_error(request, toolchain, linked, source_name, label, first_line)
+    return publish(request, scratch, stopwatch, unit, [unit.step, linked], source_name)
+
+
+@dataclass(frozen=True)
+class CompiledUnit:
+    """One C++ translation unit compiled with the torch prefix header."""
+
+    step: StepResult
+    prefix: Prefix
+    object_name: str
+    deps_name: str
+
+
+def compile_unit(
+    request: _BuildRequest,
+    toolchain: Toolchain,
+    cache: BuildCache,
+    scratch: Path,
+    stopwatch: Stopwatch,
+    *,
+    source_text: str,
+    source_name: str,
+    retry_headers: bool,
+    extra_flags: Sequence[str] = (),
+    extra_includes: Sequence[str] = (),
+    step: str = "compiling",
+) -> CompiledUnit:
+    """Write ``source_text`` to ``source_name`` and compile it after the prefix header.
+
+    ``extra_includes`` are force-included after the prefix (the precompiled header must come
+    first); ``extra_flags`` are added to the compile only (not to the precompiled header).
+    The result's step may have failed: the caller raises.
+    """
+    stem = source_name.rsplit(".", 1)[0]
+    (scratch / source_name).write_text(source_text)
     prefix = prepare_prefix(
-        request.source,
+        source_text,
         toolchain,
         request.flags,
         request.defines,
@@ -424,74 +524,132 @@ def _build(
         stopwatch,
         precompile=request.precompiled_headers,
         retry_failed=retry_headers,
+        search_flags=extra_flags,
     )
-    stopwatch.report("compiling")
-    compile_command = [
+    stopwatch.report(step)
+    command = [
         *((toolchain.ccache,) if toolchain.ccache else ()),
         *toolchain.compiler,
         *request.flags,
         *(f"-I{d}" for d in request.include_dirs),
+        *extra_flags,
         *request.defines,
-        f"-DTORCH_EXTENSION_NAME={name}",
+        f"-DTORCH_EXTENSION_NAME={request.name}",
         "-Winvalid-pch",
         "-include",
         str(prefix.header),
+        *(flag for header in extra_includes for flag in ("-include", header)),
         "-MD",
         "-MF",
-        f"{name}.d",
+        f"{stem}.d",
         "-c",
         source_name,
         "-o",
-        f"{name}.o",
+        f"{stem}.o",
     ]
-    env = _compile_env(toolchain, cache)
-    compiled = run_step(compile_command, cwd=scratch, stopwatch=stopwatch, env=env)
-    if compiled.returncode != 0:
-        raise _compile_error(request, toolchain, compiled, source_name, label, first_line)
+    compiled = run_step(
+        command, cwd=scratch, stopwatch=stopwatch, env=compile_env(toolchain, cache)
+    )
+    return CompiledUnit(compiled, prefix, f"{stem}.o", f"{stem}.d")
+
+
+def link(
+    request: _BuildRequest,
+    toolchain: Toolchain,
+    scratch: Path,
+    stopwatch: Stopwatch,
+    objects: Sequence[str],
+    extra_flags: Sequence[str] = (),
+) -> StepResult:
+    """Link ``objects`` into ``lib<name>.so`` against libtorch."""
     stopwatch.report("linking")
-    linked = run_step(
-        [*toolchain.compiler, f"{name}.o", "-o", f"lib{name}.so", *request.link_flags],
+    return run_step(
+        [
+            *toolchain.compiler,
+            *objects,
+            "-o",
+            f"lib{request.name}.so",
+            *extra_flags,
+            *request.link_flags,
+        ],
         cwd=scratch,
         stopwatch=stopwatch,
-        env=env,
+        env={**os.environ, "LC_ALL": "C"},
     )
-    if linked.returncode != 0:
-        raise _compile_error(request, toolchain, linked, source_name, label, first_line)
-    rejected = _PCH_REJECTED.search(compiled.output) if prefix.precompiled else None
-    note = prefix.note
-    if rejected is not None:
-        note = f"GCC did not use the precompiled header ({rejected[1]})"
-        macro = _QUOTED_NAME.search(rejected[1])
-        if prefix.macros_file is not None and macro and macro[1] in _macro_names(request):
-            record_macro(prefix.macros_file, macro[1])
-            note += f"; the next build precompiles the headers with your {macro[1]}"
-    precompiled = prefix.precompiled and rejected is None
-    log = "\n".join(part for part in (compiled.output, linked.output) if part.strip())
+
+
+def publish(
+    request: _BuildRequest,
+    scratch: Path,
+    stopwatch: Stopwatch,
+    unit: CompiledUnit | None,
+    steps: Sequence[StepResult],
+    source_name: str,
+    *,
+    deps_files: Sequence[str] = (),
+    leftovers: Sequence[str] = (),
+    cuda_mode: str = "",
+    archs: Sequence[str] = (),
+    device_seconds: float = 0.0,
+    note: str = "",
+) -> BuildInfo:
+    """Record a finished build in ``scratch/build.json`` (intermediate files removed).
+
+    ``unit``: the translation unit compiled with the torch prefix header, if any (its
+    precompiled header may have been refused: a macro of the user's is then recorded so
+    that the next build precompiles it in).
+    """
+    precompiled, header_set, headers_seconds = False, None, 0.0
+    if unit is not None:
+        prefix = unit.prefix
+        header_set, headers_seconds = prefix.header_set, prefix.seconds
+        rejected = _PCH_REJECTED.search(unit.step.output) if prefix.precompiled else None
+        note = note or prefix.note
+        if rejected is not None:
+            note = f"GCC did not use the precompiled header ({rejected[1]})"
+            macro = _QUOTED_NAME.search(rejected[1])
+            if prefix.macros_file is not None and macro and macro[1] in _macro_names(request):
+                record_macro(prefix.macros_file, macro[1])
+                note += f"; the next build precompiles the headers with your {macro[1]}"
+        precompiled = prefix.precompiled and rejected is None
+        deps_files = [unit.deps_name, *deps_files]
+        leftovers = [unit.object_name, *leftovers]
+    log = "\n".join(step.output for step in steps if step.output.strip())
+    compile_seconds = sum(s.seconds for s in steps[:-1]) - device_seconds
     record = {
-        "header_set": prefix.header_set.name if prefix.header_set else None,
+        "header_set": header_set.name if header_set else None,
         "precompiled": precompiled,
-        "commands": [compiled.command_line, linked.command_line],
+        "commands": [step.command_line for step in steps],
         "log": log,
         "note": note,
-        "user_headers": _user_headers(scratch / f"{name}.d", request.include_dirs),
-        "compile_seconds": compiled.seconds,
-        "link_seconds": linked.seconds,
+        "source_name": source_name,
+        "cuda_mode": cuda_mode,
+        "archs": list(archs),
+        "user_headers": sorted(
+            {h for d in deps_files for h in _user_headers(scratch / d, request.include_dirs)}
+        ),
+        "compile_seconds": compile_seconds,
+        "link_seconds": steps[-1].seconds,
     }
-    for leftover in (f"{name}.o", f"{name}.d"):
-        (scratch / leftover).unlink()
+    for leftover in [*leftovers, *deps_files]:
+        (scratch / leftover).unlink(missing_ok=True)
     write_atomic(scratch / "build.json", json.dumps(record, indent=1))
     return BuildInfo(
         cached=False,
         directory=scratch,
         header_set=record["header_set"],
         precompiled=precompiled,
-        headers_seconds=prefix.seconds,
-        compile_seconds=compiled.seconds,
-        link_seconds=linked.seconds,
+        headers_seconds=headers_seconds,
+        compile_seconds=compile_seconds,
+        link_seconds=steps[-1].seconds,
         seconds=stopwatch.elapsed,
         commands=tuple(record["commands"]),
         log=log,
         note=note,
+        source_name=source_name,
+        cuda_mode=cuda_mode,
+        archs=tuple(archs),
+        device_seconds=device_seconds,
     )
 
 
@@ -500,7 +658,7 @@ def _macro_names(request: _BuildRequest) -> set[str]:
     return {macro_name(d) for d in request.defines}
 
 
-def _compile_env(toolchain: Toolchain, cache: BuildCache) -> dict[str, str]:
+def compile_env(toolchain: Toolchain, cache: BuildCache) -> dict[str, str]:
     """The compile's environment: English messages with plain quotes (they are parsed), and
     for ccache paths relative to the cache (hits across scratch dirs) and PCH-safe settings."""
     env = {**os.environ, "LC_ALL": "C"}
@@ -512,7 +670,7 @@ def _compile_env(toolchain: Toolchain, cache: BuildCache) -> dict[str, str]:
 
 def _user_headers(deps_file: Path, include_dirs: tuple[str, ...]) -> list[tuple[str, int, int]]:
     """``(path, size, mtime_ns)`` of headers from the user's include dirs the build read."""
-    if not include_dirs:
+    if not include_dirs or not deps_file.is_file():
         return []
     roots = tuple(os.path.join(os.path.realpath(d), "") for d in include_dirs)
     text = deps_file.read_text().replace("\\\n", " ")
@@ -525,7 +683,7 @@ def _user_headers(deps_file: Path, include_dirs: tuple[str, ...]) -> list[tuple[
     return headers
 
 
-def _compile_error(
+def compile_error(
     request: _BuildRequest,
     toolchain: Toolchain,
     step: StepResult,

@@ -49,6 +49,11 @@ class Toolchain:
         """Include directories that hold torch's and Python's headers (never the user's)."""
         return (*self.torch_includes, self.python_include)
 
+    @property
+    def abi_flag(self) -> str:
+        """``-D_GLIBCXX_USE_CXX11_ABI=`` as torch was built: every compile must agree."""
+        return f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+
     def identity(self) -> dict[str, str]:
         """Everything about the environment that changes what a build produces."""
         return {
@@ -77,7 +82,7 @@ class Toolchain:
             "-fvisibility-inlines-hidden",
             "-fdiagnostics-color=never",
             "-DTORCH_API_INCLUDE_EXTENSION_H",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            self.abi_flag,
         ]
         for directory in self.system_includes:
             flags += ["-isystem", directory]

@@ -186,6 +186,15 @@ def find_schema(qualname: str, overload: str) -> Any | None:
         return None
 
 
+def parse_schema(text: str) -> Any:
+    """The FunctionSchema of ``"ns::name(Tensor x) -> Tensor"`` (raises RuntimeError if bad).
+
+    Its ``.arguments`` (each with ``.name``, ``.kwarg_only``) and ``.returns`` are read by
+    front ends that generate Python kernels for a schema.
+    """
+    return _C.parse_schema(text)
+
+
 def select_overload(qualname: str, args: tuple, kwargs: dict) -> str:
     """The overload name torch picks for a packet call (raises RuntimeError on no match)."""
     return _C._jit_resolve_packet(qualname, *args, **kwargs)

@@ -16,6 +16,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("session", "SessionMagics"),
     ("custom_op", "CustomOpMagics"),
     ("torch_library", "TorchLibraryMagics"),
+    ("cuda_kernel", "CudaKernelMagics"),
     ("views", "ViewMagics"),
 ]
 

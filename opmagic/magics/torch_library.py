@@ -13,7 +13,9 @@ and ``TORCH_LIBRARY_FRAGMENT`` namespaces.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -68,19 +70,90 @@ class _DisplayProgress:
             self.handle.update(obj)
 
 
-@magics_class
-class TorchLibraryMagics(Magics):
-    """The ``%%torch_library`` cell magic and the libraries it has loaded, per cell."""
+class LibraryCells:
+    """Hot reload for cell magics that load libraries: the library each cell loaded last.
 
-    def __init__(self, shell: Any) -> None:
-        super().__init__(shell)
+    A run replaces the library the same cell loaded (found by the notebook's cell id, else by
+    :func:`cell_identity`); the new library is tracked by the session, so ``%opmagic session``
+    lists it and ``%unload_ext`` closes it at the latest.
+    """
+
+    shell: Any  # the IPython shell (Magics has it)
+
+    def _follow_cells(self) -> None:
+        """Start following cell runs (call from ``__init__``)."""
         self.libraries: dict[tuple, LoadedLibrary] = {}
         self._cell_id: str | None = None
-        shell.events.register("pre_run_cell", self._remember_cell)
+        self.shell.events.register("pre_run_cell", self._remember_cell)
 
     def _remember_cell(self, info: Any) -> None:
         """``pre_run_cell`` hook: the id of the cell about to run (None outside notebooks)."""
         self._cell_id = getattr(info, "cell_id", None)
+
+    def _cell_key(self, cell: str) -> tuple:
+        """What identifies the running cell across runs."""
+        return ("cell", self._cell_id) if self._cell_id else cell_identity(cell)
+
+    def _previous(self, key: tuple) -> LoadedLibrary | None:
+        """The library this run replaces: the same cell's, or (no cell id) one defining the
+        same TORCH_LIBRARY namespace, which can have only one definition anyway."""
+        if key in self.libraries or key[0] != "defines":
+            return self.libraries.get(key)
+        wanted = set(key[1])
+        return next(
+            (
+                library
+                for other, library in self.libraries.items()
+                if other[0] == "defines" and wanted & set(other[1])
+            ),
+            None,
+        )
+
+    def _load(self, cell: str, magic: str, build: Callable[..., LoadedLibrary]) -> LoadedLibrary:
+        """Run ``build(replace=..., label=..., first_line=..., progress=...)`` for this cell:
+        progress in place in a notebook, the compile error shown there, then bookkeeping."""
+        key = self._cell_key(cell)
+        shell = self.shell
+        in_notebook = getattr(shell, "kernel", None) is not None
+        progress = _DisplayProgress() if in_notebook else stderr_progress
+        try:
+            library = build(
+                replace=self._previous(key),
+                label=f"cell [{running_cell_number(shell)}]",
+                first_line=CELL_BODY_FIRST_LINE,
+                progress=progress,
+            )
+        except CompileError as error:
+            if in_notebook:
+                progress.show(error)
+            raise
+        except BuildOptionError as error:
+            raise BuildOptionError(f"{magic}: {error}") from None
+        self.libraries = {k: v for k, v in self.libraries.items() if not v.closed}
+        self.libraries[key] = library
+        session = active_session()
+        if session is not None:  # listed by %opmagic session; closed at unload at the latest
+            session.track(library, library.description)
+        return library
+
+    def close(self) -> None:
+        """Unregister every library the magic loaded and stop following cell runs.
+
+        For ``%unload_ext``: afterwards the dispatcher holds nothing from these cells.
+        """
+        for library in reversed(list(self.libraries.values())):
+            library.close()
+        self.libraries.clear()
+        self.shell.events.unregister("pre_run_cell", self._remember_cell)
+
+
+@magics_class
+class TorchLibraryMagics(Magics, LibraryCells):
+    """The ``%%torch_library`` cell magic and the libraries it has loaded, per cell."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self._follow_cells()
 
     @magic_arguments()
     @argument("-n", "--name", help="library name (lib<NAME>.so); default: the first namespace")
@@ -132,11 +205,11 @@ class TorchLibraryMagics(Magics):
         the previous version of the cell stays loaded.
         """
         args = parse_argstring(self.torch_library, line)
-        key = ("cell", self._cell_id) if self._cell_id else cell_identity(cell)
-        in_notebook = getattr(self.shell, "kernel", None) is not None
-        progress = _DisplayProgress() if in_notebook else stderr_progress
-        try:
-            library = compile_library(
+        return self._load(
+            cell,
+            "%%torch_library",
+            functools.partial(
+                compile_library,
                 cell,
                 name=args.name,
                 extra_cflags=args.cflags,
@@ -146,45 +219,5 @@ class TorchLibraryMagics(Magics):
                 precompiled_headers=args.precompiled_headers,
                 force=args.force,
                 verbose=args.verbose,
-                replace=self._previous(key),
-                label=f"cell [{running_cell_number(self.shell)}]",
-                first_line=CELL_BODY_FIRST_LINE,
-                progress=progress,
-            )
-        except CompileError as error:
-            if in_notebook:
-                progress.show(error)
-            raise
-        except BuildOptionError as error:
-            raise BuildOptionError(f"%%torch_library: {error}") from None
-        self.libraries = {k: v for k, v in self.libraries.items() if not v.closed}
-        self.libraries[key] = library
-        session = active_session()
-        if session is not None:  # listed by %opmagic session; closed at unload at the latest
-            session.track(library, library.description)
-        return library
-
-    def _previous(self, key: tuple) -> LoadedLibrary | None:
-        """The library this run replaces: the same cell's, or (no cell id) one defining the
-        same TORCH_LIBRARY namespace, which can have only one definition anyway."""
-        if key in self.libraries or key[0] != "defines":
-            return self.libraries.get(key)
-        wanted = set(key[1])
-        return next(
-            (
-                library
-                for other, library in self.libraries.items()
-                if other[0] == "defines" and wanted & set(other[1])
             ),
-            None,
         )
-
-    def close(self) -> None:
-        """Unregister every library the magic loaded and stop following cell runs.
-
-        For ``%unload_ext``: afterwards the dispatcher holds nothing from these cells.
-        """
-        for library in reversed(list(self.libraries.values())):
-            library.close()
-        self.libraries.clear()
-        self.shell.events.unregister("pre_run_cell", self._remember_cell)

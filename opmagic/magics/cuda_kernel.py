@@ -1,0 +1,201 @@
+"""``%%cuda_kernel``: CUDA kernels in a cell, by the quick path (NVRTC) or the full path (nvcc).
+
+A cell with ``TORCH_LIBRARY*`` blocks is a ``.cu`` of a CUDA extension: the full path
+(:func:`opmagic.compile_cuda_library`), hot-reloaded per cell like ``%%torch_library``. A
+cell of ``extern "C" __global__`` kernels is the quick path
+(:func:`opmagic.cuda_kernel_from_source`): launchers bound under the kernels' names, and with
+``--op``/``--launch`` an operator's CUDA kernel; its registrations belong to the cell.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from ..build import DEFAULT_OPT_LEVEL
+from ..build.cuda_library import compile_cuda_library
+from ..build.cuda_source import has_registration_blocks
+from ..cuda_kernel import CudaKernelResult, cuda_kernel_from_source
+from ..errors import CompileError, OpmagicError
+from ..session import active_session
+from .custom_op import _unquote
+from .session import running_cell_number
+from .torch_library import CELL_BODY_FIRST_LINE, LibraryCells
+
+
+@magics_class
+class CudaKernelMagics(Magics, LibraryCells):
+    """The ``%%cuda_kernel`` cell magic, and the full-path libraries it loaded, per cell."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self._follow_cells()
+
+    @magic_arguments()
+    @argument(
+        "--arch",
+        default=None,
+        help="GPU architecture: sm_86 (or 86, 8.6), compute_90 for PTX; the full path takes "
+        "several (sm_80,sm_90). Default: the running GPU's; without one sm_80 (quick path), "
+        "sm_80,sm_90,compute_90 (full path)",
+    )
+    @argument(
+        "--flags",
+        default="",
+        metavar="FLAGS",
+        help='extra NVRTC (quick path) or nvcc (full path) flags, one string: --flags="-DN=4"',
+    )
+    @argument(
+        "-I",
+        "--include",
+        dest="include_dirs",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an include directory (repeatable); CUDA's own headers are found by themselves",
+    )
+    @argument(
+        "--op",
+        default=None,
+        metavar="NS::NAME",
+        help="quick path: make the cell's kernels the CUDA kernel of this operator",
+    )
+    @argument(
+        "--launch",
+        default=None,
+        metavar="SPEC",
+        help="quick path, with --op: the Python body of the op's CUDA kernel, e.g. "
+        '"out = torch.empty_like(a); vadd[cdiv(a.numel(), 256), 256](a, b, out, a.numel()); '
+        "return out\" (in scope: the op's arguments, the kernels, torch, cdiv)",
+    )
+    @argument(
+        "--schema",
+        default=None,
+        help="quick path, with --op: the schema to define the op with if it does not exist, "
+        'e.g. "(Tensor a, Tensor b) -> Tensor"',
+    )
+    @argument("-n", "--name", help="full path: library name (lib<NAME>.so)")
+    @argument(
+        "-O",
+        "--opt",
+        dest="opt_level",
+        default=None,
+        help=f"full path: host optimisation level 0, 1, 2, 3, s or g (default {DEFAULT_OPT_LEVEL})",
+    )
+    @argument("--cflags", default="", metavar="FLAGS", help="full path: extra g++ flags")
+    @argument("--ldflags", default="", metavar="FLAGS", help="full path: extra linker flags")
+    @argument(
+        "--whole",
+        action="store_true",
+        help="full path: compile the cell as one nvcc translation unit, as setup.py does "
+        "(slower: nvcc reads torch's headers; for cells the split cannot handle)",
+    )
+    @argument(
+        "--no-pch",
+        dest="precompiled_headers",
+        action="store_false",
+        default=None,
+        help="full path: do not use precompiled torch headers for the host code",
+    )
+    @argument("-f", "--force", action="store_true", help="full path: rebuild even if cached")
+    @argument("-v", "--verbose", action="store_true", help="full path: print the commands")
+    @cell_magic
+    def cuda_kernel(self, line: str, cell: str) -> Any:
+        """Compile the CUDA kernels of this cell and bind or register them.
+
+        Quick path (a cell of extern "C" __global__ kernels): NVRTC compiles the cell in tens
+        of milliseconds; each kernel is bound under its name as a launcher, called like
+        <<<>>>: vadd[grid, block](a, b, out, n) or vadd[grid, block, shared_mem, stream](...)
+        (tensors pass their data pointers; numbers are converted to the parameters' C types;
+        the stream defaults to torch's current one). With --op NS::NAME --launch SPEC
+        (--schema to define the op) the kernels become the op's CUDA kernel; SPEC is the
+        Python body of that kernel, with the op's arguments, the kernels, torch and cdiv in
+        scope, for an op (Tensor a, Tensor b, int n) -> Tensor e.g.::
+
+            out = torch.empty_like(a); vadd[cdiv(a.numel(), 256), 256](a, b, out, n); return out
+
+        for the kernel::
+
+            extern "C" __global__ void vadd(const float* a, const float* b, float* out, int n) {
+              int i = blockIdx.x * blockDim.x + threadIdx.x;
+              if (i < n) out[i] = a[i] + b[i];
+            }
+
+        Full path (a cell with TORCH_LIBRARY / TORCH_LIBRARY_IMPL(ns, CUDA, m) blocks, written
+        as a .cu of a setup.py CUDAExtension): the kernels are compiled by nvcc, the torch glue
+        by g++ with precompiled headers, linked and loaded; re-running replaces it.
+
+        Without a GPU both paths compile (errors point at cell lines) and register; launching
+        raises NoGPUError. Re-running a cell replaces what it made.
+        """
+        args = parse_argstring(self.cuda_kernel, line)
+        if has_registration_blocks(cell):
+            quick = [f"--{o}" for o in ("op", "launch", "schema") if getattr(args, o)]
+            self._refuse(quick, "a cell with TORCH_LIBRARY blocks (the nvcc full path)")
+            return self._full_path(args, cell)
+        full = [f"--{o}" for o in ("name", "cflags", "ldflags", "whole", "force", "verbose")]
+        full = [o for o in full if getattr(args, o[2:])]
+        full += ["--opt"] * (args.opt_level is not None)
+        full += ["--no-pch"] * (args.precompiled_headers is False)
+        self._refuse(full, 'a cell of extern "C" kernels (the NVRTC quick path)')
+        return self._quick_path(args, line, cell)
+
+    @staticmethod
+    def _refuse(given: list[str], what: str) -> None:
+        """Options that do not apply to this kind of cell are a usage error."""
+        if given:
+            raise UsageError(f"%%cuda_kernel: {', '.join(given)} do not apply to {what}.")
+
+    def _full_path(self, args: Any, cell: str) -> Any:
+        """Build, load and register the cell as a CUDA extension source (hot reload)."""
+        return self._load(
+            cell,
+            "%%cuda_kernel",
+            functools.partial(
+                compile_cuda_library,
+                cell,
+                arch=_unquote(args.arch),
+                whole=args.whole,
+                nvcc_flags=_unquote(args.flags) or "",
+                name=args.name,
+                extra_cflags=_unquote(args.cflags) or "",
+                extra_ldflags=_unquote(args.ldflags) or "",
+                include_dirs=args.include_dirs,
+                opt_level=args.opt_level or DEFAULT_OPT_LEVEL,
+                precompiled_headers=args.precompiled_headers is not False,
+                force=args.force,
+                verbose=args.verbose,
+            ),
+        )
+
+    def _quick_path(self, args: Any, line: str, cell: str) -> CudaKernelResult:
+        """Compile with NVRTC, bind the launchers and register the op's CUDA kernel."""
+        shell = self.shell
+        source = f"%%cuda_kernel {line}\n{cell}"
+        filename = shell.compile.cache(source, running_cell_number(shell), raw_code=source)
+        try:
+            result = cuda_kernel_from_source(
+                cell,
+                op=_unquote(args.op),
+                launch=_unquote(args.launch),
+                schema=_unquote(args.schema),
+                arch=_unquote(args.arch),
+                nvrtc_flags=_unquote(args.flags) or "",
+                include_dirs=args.include_dirs,
+                namespace=shell.user_ns,
+                filename=filename,
+                label=f"cell [{running_cell_number(shell)}]",
+                first_line=CELL_BODY_FIRST_LINE,
+            )
+        except CompileError:
+            raise  # shown beside its cell line
+        except OpmagicError as error:
+            raise UsageError(f"%%cuda_kernel: {error}") from error
+        session = active_session()
+        if session is not None:  # the previous run's launchers retire when this run succeeds
+            session.track(result, result.description)
+        return result

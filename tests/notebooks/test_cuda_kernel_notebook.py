@@ -1,0 +1,36 @@
+"""notebooks/cuda_kernel.ipynb: kernels compile, register on the CUDA key, trace; GPU cells skip."""
+
+from __future__ import annotations
+
+import pytest
+
+from opmagic.build.cuda import gpu_unavailable_reason
+
+pytest.importorskip("cuda.bindings.nvrtc", reason='needs pip install "opmagic[cuda]"')
+
+
+def _text(outputs: list) -> str:
+    """The text a cell printed or returned."""
+    parts = []
+    for output in outputs:
+        if output.output_type == "stream":
+            parts.append(output.text)
+        elif "text/plain" in output.get("data", {}):
+            parts.append(output.data["text/plain"])
+    return "\n".join(parts)
+
+
+def test_the_notebook_registers_traces_and_skips_gpu_cells_without_a_gpu(run_notebook):
+    notebook = run_notebook("cuda_kernel")
+    texts = [_text(cell.outputs) for cell in notebook.cells if cell.cell_type == "code"]
+    assert any("vadd[grid, block](a, b, out, n)" in t for t in texts)
+    assert any(t.startswith("kernel at cell [") for t in texts)  # the CUDA entry of the table
+    assert any("('AutogradCPU',) -> no kernel for CPU" in t for t in texts)
+    assert any("NVRTC: compile error at broken.cu, line 2:" in t for t in texts)
+    assert any("libnb_ext.so" in t for t in texts)  # the full path built
+    if gpu_unavailable_reason() is None:
+        assert any("nb::vadd matches torch's a + b" in t for t in texts)
+        assert any("nb_ext::muladd matches" in t for t in texts)
+    else:
+        assert sum("skipped (needs a GPU)" in t for t in texts) == 2
+        assert any(t.startswith("NoGPUError: Cannot launch kernel vadd") for t in texts)
