@@ -22,7 +22,7 @@ from ..build.cuda_source import has_registration_blocks
 from ..cuda_kernel import CudaKernelResult, cuda_kernel_from_source
 from ..errors import CompileError, OpmagicError
 from ..session import active_session
-from .custom_op import _unquote
+from .arguments import unquote
 from .session import running_cell_number
 from .torch_library import CELL_BODY_FIRST_LINE, LibraryCells
 
@@ -158,12 +158,12 @@ class CudaKernelMagics(Magics, LibraryCells):
             functools.partial(
                 compile_cuda_library,
                 cell,
-                arch=_unquote(args.arch),
+                arch=unquote(args.arch),
                 whole=args.whole,
-                nvcc_flags=_unquote(args.flags) or "",
+                nvcc_flags=unquote(args.flags) or "",
                 name=args.name,
-                extra_cflags=_unquote(args.cflags) or "",
-                extra_ldflags=_unquote(args.ldflags) or "",
+                extra_cflags=unquote(args.cflags) or "",
+                extra_ldflags=unquote(args.ldflags) or "",
                 include_dirs=args.include_dirs,
                 opt_level=args.opt_level or DEFAULT_OPT_LEVEL,
                 precompiled_headers=args.precompiled_headers is not False,
@@ -180,11 +180,11 @@ class CudaKernelMagics(Magics, LibraryCells):
         try:
             result = cuda_kernel_from_source(
                 cell,
-                op=_unquote(args.op),
-                launch=_unquote(args.launch),
-                schema=_unquote(args.schema),
-                arch=_unquote(args.arch),
-                nvrtc_flags=_unquote(args.flags) or "",
+                op=unquote(args.op),
+                launch=unquote(args.launch),
+                schema=unquote(args.schema),
+                arch=unquote(args.arch),
+                nvrtc_flags=unquote(args.flags) or "",
                 include_dirs=args.include_dirs,
                 namespace=shell.user_ns,
                 filename=filename,

@@ -9,14 +9,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from ..custom_op import CustomOpResult, custom_op_from_source
 from ..errors import OpmagicError
+from .arguments import unquote
 from .session import running_cell_number
-
-
-def _unquote(text: str | None) -> str | None:
-    """An option value without the quotes IPython's argument splitting leaves on it."""
-    if text is not None and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -108,8 +102,8 @@ class CustomOpMagics(Magics):
                 return torch.empty_like(x)
         """
         args = parse_argstring(self.custom_op, line)
-        mutates = _unquote(args.mutates_args) or ""
-        device_types = _unquote(args.device_types)
+        mutates = unquote(args.mutates_args) or ""
+        device_types = unquote(args.device_types)
         devices = _names(device_types) if device_types is not None else None
         source = f"# %%custom_op {line}\n{cell}"
         shell = self.shell
@@ -120,11 +114,11 @@ class CustomOpMagics(Magics):
                 args.name,
                 mutates_args="unknown" if mutates.strip() == "unknown" else _names(mutates),
                 device_types=devices[0] if devices and len(devices) == 1 else devices,
-                schema=_unquote(args.schema),
-                tags=_tags(_unquote(args.tags) or ""),
+                schema=unquote(args.schema),
+                tags=_tags(unquote(args.tags) or ""),
                 namespace=shell.user_ns,
                 filename=filename,
-                check=_unquote(args.check),
+                check=unquote(args.check),
             )
         except OpmagicError as error:
             raise UsageError(f"%%custom_op {args.name}: {error}") from error
