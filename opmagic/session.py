@@ -4,8 +4,9 @@ While a :class:`Session` is started, ``begin``/``finish`` bracket each cell. Eve
 torch.library registration made by code written in a cell while it runs (``define``,
 ``impl``, ``custom_op`` and its ``register_*`` companions, ``register_fake``,
 ``register_autograd``, ``register_kernel``, ``register_vmap``, ``register_autocast``,
-``register_torch_dispatch``, ``Library`` objects and their methods) is recorded for that
-cell, each in a C++ library of its own so that it can be removed and re-applied alone.
+``register_torch_dispatch``, ``Library`` objects and their methods, ``OpOverload.py_impl``
+for a dispatch key) is recorded for that cell, each in a C++ library of its own (or as the
+Python-side entry it is) so that it can be removed and re-applied alone.
 
 - Re-running a cell (same key) first removes the kernels and Python-side registrations of its
   previous run and reverts that run's changes to custom ops of other cells. Its operator

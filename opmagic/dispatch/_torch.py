@@ -560,6 +560,44 @@ class PythonRegistration(Registration):
         return True
 
 
+class PythonKernelRegistration(Registration):
+    """A Python kernel for one dispatch key of an OpOverload (``OpOverload.py_impl``).
+
+    The Python dispatcher (``torch.compile``, ``make_fx``) runs it instead of the C++ kernel;
+    ``torch.library.register_autocast`` makes one beside its C++ kernel on plain operators.
+    """
+
+    kind = "py_kernel"
+
+    def __init__(self, op_overload: Any, key: Any, kernel: Any, site: Site) -> None:
+        super().__init__()
+        self._op_overload = weakref.ref(op_overload)
+        self._dispatch_key, self.kernel, self.site = key, kernel, site
+        self.op, self.key = op_overload.name(), key.name
+
+    def summary(self) -> str:
+        return f"Python {self.key} kernel"
+
+    def describe(self) -> str:
+        return f"Python {self.key} kernel (py_impl) for {self.op}"
+
+    def _undo(self) -> None:
+        op_overload = self._op_overload()
+        if op_overload is not None and op_overload.py_kernels.get(self._dispatch_key) is (
+            self.kernel
+        ):
+            del op_overload.py_kernels[self._dispatch_key]
+            op_overload._dispatch_cache.clear()
+
+    def _redo(self) -> bool:
+        op_overload = self._op_overload()
+        if op_overload is None or self._dispatch_key in op_overload.py_kernels:
+            return False
+        op_overload.py_kernels[self._dispatch_key] = self.kernel
+        op_overload._dispatch_cache.clear()
+        return True
+
+
 class RoutedModule:
     """Stands in for a Library's C++ module (``library.m``) while a session routes it.
 
@@ -644,9 +682,10 @@ _routed_libraries: weakref.WeakSet = weakref.WeakSet()
 def install_registration_hooks(router: RegistrationRouter) -> None:
     """Route torch.library registrations through ``router`` until ``remove_registration_hooks``.
 
-    Patches ``torch.library.Library`` (construction and every registering method) and
+    Patches ``torch.library.Library`` (construction and every registering method),
     ``custom_op``'s library factory, which would otherwise destroy an operator's previous
-    library before the session can decide whether to keep it.
+    library before the session can decide whether to keep it, and ``py_impl`` (Python
+    kernels of OpOverloads).
     """
     global _router
     if _router is not None:
@@ -657,6 +696,7 @@ def install_registration_hooks(router: RegistrationRouter) -> None:
     patches: list[tuple[Any, str, Any]] = [
         (library, "__init__", _library_init),
         (custom_ops, "get_library_allowing_overwrite", _custom_op_library),
+        (torch._ops.OperatorBase, "py_impl", _py_impl),
     ]
     for name in ("define", "impl", "fallback", "_impl_with_aoti_compile"):
         patches.append((library, name, _routing_entry(getattr(library, name))))
@@ -764,6 +804,35 @@ def _python_registering(name: str, method: Any) -> Any:
             raise
         release(True)
         registration.captured(self._registration_handles[before:])
+        router.added(registration)
+        return result
+
+    return registering
+
+
+def _py_impl(self: Any, key: Any) -> Any:
+    """``OperatorBase.py_impl`` while routed: a cell's Python kernel for a dispatch key of an
+    OpOverload is recorded, so that re-runs and ``%unload_ext`` take it away again."""
+    register = _ORIGINALS[(torch._ops.OperatorBase, "py_impl")](self, key)
+    if not isinstance(self, torch._ops.OpOverload) or not isinstance(key, _C.DispatchKey):
+        return register  # modes, subclasses and functorch transforms: not tracked
+
+    @functools.wraps(register)
+    def registering(kernel: Any) -> Any:
+        """Register ``kernel`` with torch, as the running cell's registration when captured."""
+        router = _router
+        site = router.capture_site() if router is not None else None
+        if site is None or router is None:
+            return register(kernel)
+        registration = PythonKernelRegistration(self, key, kernel, site)
+        release = router.make_room(registration)
+        try:
+            result = register(kernel)
+        except BaseException:
+            release(False)
+            raise
+        release(True)
+        registration.state = "applied"
         router.added(registration)
         return result
 

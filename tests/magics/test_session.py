@@ -55,6 +55,7 @@ torch.library.impl("{ns}::g", "cpu", lambda x: x * {value})
 torch.library.register_fake("{ns}::g", lambda x: torch.empty_like(x))
 torch.library.register_autograd("{ns}::g", lambda ctx, grad: grad * {value})
 torch.library.register_kernel("{ns}::g", "cuda", lambda x: x * {value})
+torch.library.register_autocast("{ns}::g", "cpu", torch.float16)
 """,
     "Library DEF with define and impl": """
 lib = torch.library.Library("{ns}", "DEF")
@@ -370,6 +371,44 @@ def test_custom_op_will_not_replace_an_op_defined_outside_the_session(cells: Cel
         assert outside(torch.ones(1)).item() == 1
     finally:
         outside._lib._destroy()
+
+
+PYTHON_KERNELS = """
+torch.library.register_autocast("t_pykernel::f", "cpu", torch.float16)
+torch.ops.t_pykernel.f.default.py_impl(torch._C.DispatchKey.CPU)(lambda x: x * {value})
+"""
+
+
+def test_python_kernels_a_cell_gives_an_outside_op_go_with_the_cell(cells: Cells, dump) -> None:
+    cells.shell.run_line_magic("unload_ext", "opmagic")
+    lib = torch.library.Library("t_pykernel", "DEF")
+    lib.define("f(Tensor x) -> Tensor")
+    lib.impl("f", _identity, "CompositeExplicitAutograd")
+    cells.shell.run_line_magic("load_ext", "opmagic")
+    op, x = torch.ops.t_pykernel.f.default, torch.ones(1)
+    keys = {torch._C.DispatchKey.AutocastCPU, torch._C.DispatchKey.CPU}
+
+    def python_dispatcher_result() -> float:
+        with torch._dispatch.python.enable_python_dispatcher():
+            return op(x).item()
+
+    try:
+        cells.run(PYTHON_KERNELS.format(value=2), "c")
+        cells.run(PYTHON_KERNELS.format(value=3), "c")  # not "Trying to override a python impl"
+        assert set(op.py_kernels) == keys
+        assert python_dispatcher_result() == 3
+        cells.fail(PYTHON_KERNELS.format(value=4) + "1 / 0", "c")  # rolled back to the 3
+        assert set(op.py_kernels) == keys
+        assert python_dispatcher_result() == 3
+        cells.shell.run_line_magic("unload_ext", "opmagic")
+        assert op.py_kernels == {}
+        assert "AutocastCPU" not in dump("t_pykernel::f")
+        assert python_dispatcher_result() == 1
+        with torch.autocast("cpu", dtype=torch.float16):
+            assert op(x).dtype == torch.float32
+        cells.shell.run_line_magic("load_ext", "opmagic")
+    finally:
+        lib._destroy()
 
 
 @pytest.mark.filterwarnings("ignore:Warning only once for all operators")
