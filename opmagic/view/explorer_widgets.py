@@ -226,12 +226,21 @@ class Explorer:
 
     def _update_matches(self) -> None:
         """List the operators matching the search, keeping the selected one selected."""
+        self._update_namespaces()
         namespace = None if self.namespace.value == ALL_NAMESPACES else self.namespace.value
         found = find_ops(self.search.value, namespace)
         current = self.model.qualname
         with self._quiet():
             self.matches.options = found
             self.matches.value = current if current in found else None
+
+    def _update_namespaces(self) -> None:
+        """Offer the namespaces there are now: cells run after the explorer opened add some."""
+        options = (ALL_NAMESPACES, *namespaces())
+        if tuple(self.namespace.options) != options:
+            chosen = self.namespace.value
+            self.namespace.options = options
+            self.namespace.value = chosen if chosen in options else ALL_NAMESPACES
 
     def _load_operator(self, keep_overloads: bool = False) -> None:
         """Show the selected operator: overloads, input builder, table, kernels, path."""

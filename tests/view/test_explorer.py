@@ -166,6 +166,24 @@ def test_widget_searches_and_switches_operators() -> None:
     assert explorer.matches.options == ()
 
 
+def test_the_namespace_list_follows_operators_defined_after_opening() -> None:
+    explorer = Explorer(scale)
+    explorer.namespace.value = "opmagic_explorer"
+    lib = torch.library.Library("opmagic_explorer_later", "DEF")
+    try:
+        lib.define("later(Tensor x) -> Tensor")
+        explorer.search.value = "later"
+        assert "opmagic_explorer_later" in explorer.namespace.options
+        assert explorer.namespace.value == "opmagic_explorer"  # the choice stays
+        explorer.namespace.value = "opmagic_explorer_later"
+        assert explorer.matches.options == ("opmagic_explorer_later::later",)
+    finally:
+        lib._destroy()
+    explorer.search.value = "late"
+    assert "opmagic_explorer_later" not in explorer.namespace.options
+    assert explorer.namespace.value == "(all namespaces)"
+
+
 def test_widget_for_an_unknown_operator_explains_and_suggests() -> None:
     explorer = Explorer("opmagic_explorer::explorer_sacle")
     assert "Unknown operator 'opmagic_explorer::explorer_sacle'" in explorer.message.value
