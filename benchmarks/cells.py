@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
 
 RERUNS = 50
 CALLS = 10_000
@@ -60,7 +61,8 @@ def _median_ms(shell: InteractiveShell, cell: str, cell_id: str) -> float:
     times = []
     for run in range(RERUNS + 2):
         start = time.perf_counter()
-        result = shell.run_cell(cell, store_history=True, cell_id=cell_id)
+        with capture_output():  # displayed (that is part of the time), not printed here
+            result = shell.run_cell(cell, store_history=True, cell_id=cell_id)
         if run >= 2:
             times.append((time.perf_counter() - start) * 1e3)
         if not result.success:
