@@ -181,18 +181,9 @@ class _Context:
             for index, (symbol, _) in enumerate(kernels)
         ]
         # __host__ __device__ functions are compiled on both sides: one definition is kept
-        linked = link(
-            self.request,
-            self.toolchain,
-            self.scratch,
-            self.stopwatch,
-            [host.object_name, f"{name}.device.o"],
-            [*aliases, "-Wl,-z,muldefs", *self.cuda.link_flags()],
+        linked = self.link_or_fail(
+            [host.object_name, f"{name}.device.o"], [*aliases, "-Wl,-z,muldefs"]
         )
-        if linked.returncode != 0:
-            raise compile_error(
-                self.request, self.toolchain, linked, f"{name}.cu", self.label, self.first_line
-            )
         return publish(
             self.request,
             self.scratch,
@@ -206,6 +197,27 @@ class _Context:
             archs=self.cuda.archs,
             device_seconds=device.seconds,
         )
+
+    def link_or_fail(self, objects: list[str], extra_flags: Sequence[str] = ()) -> StepResult:
+        """Link ``objects`` with the CUDA runtime; a link error names the cell."""
+        linked = link(
+            self.request,
+            self.toolchain,
+            self.scratch,
+            self.stopwatch,
+            objects,
+            [*extra_flags, *self.cuda.link_flags()],
+        )
+        if linked.returncode != 0:
+            raise compile_error(
+                self.request,
+                self.toolchain,
+                linked,
+                f"{self.request.name}.cu",
+                self.label,
+                self.first_line,
+            )
+        return linked
 
     def whole(self, note: str) -> BuildInfo:
         """The cell as one nvcc translation unit (launches rewritten), then link."""
@@ -233,18 +245,7 @@ class _Context:
                 str(prefix.header),
             ],
         )
-        linked = link(
-            self.request,
-            self.toolchain,
-            self.scratch,
-            self.stopwatch,
-            [f"{name}.whole.o"],
-            self.cuda.link_flags(),
-        )
-        if linked.returncode != 0:
-            raise compile_error(
-                self.request, self.toolchain, linked, f"{name}.cu", self.label, self.first_line
-            )
+        linked = self.link_or_fail([f"{name}.whole.o"])
         return publish(
             self.request,
             self.scratch,
