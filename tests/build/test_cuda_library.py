@@ -150,6 +150,16 @@ def test_a_host_code_error_points_at_the_cell_line(build_cache):
     assert "'undefined_count' was not declared" in message
 
 
+def test_a_link_error_is_named(build_cache):
+    with pytest.raises(CompileError) as raised:
+        compile_cuda_library(
+            vector_ops("cu_link_error"), extra_ldflags=["-lno_such_library"], progress=None
+        )
+    message = str(raised.value)
+    assert message.startswith("libcu_link_error.so: link error:")
+    assert "cannot find -lno_such_library" in message
+
+
 @pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build of torch has these")
 def test_torch_cuda_api_on_a_cpu_torch_checks_the_kernels_and_says_what_is_missing(build_cache):
     source = "#include <c10/cuda/CUDAStream.h>\n" + vector_ops("cu_cpu_torch").replace(
