@@ -5,6 +5,14 @@ from __future__ import annotations
 # the minimal headers of an operator library: every source below uses the "core" header set
 MINIMAL_INCLUDES = "#include <torch/library.h>\n#include <ATen/core/Tensor.h>\n"
 
+# the quick path's vector add: an extern "C" kernel NVRTC compiles and a launcher binds
+VADD = (
+    'extern "C" __global__ void vadd(const float* a, const float* b, float* out, int n) {\n'
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (i < n) out[i] = a[i] + b[i];\n"
+    "}\n"
+)
+
 
 def op_source(
     namespace: str,

@@ -14,6 +14,8 @@ import torch
 from opmagic.build import compile_cuda_kernels, compile_cuda_library
 from opmagic.build.cuda import gpu_unavailable_reason, running_gpu_arch
 
+from .sources import VADD
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason())),
@@ -79,12 +81,6 @@ EXTENSION_CU = textwrap.dedent(
 
     }  // namespace gpu_ext
     """
-)
-VADD = (
-    'extern "C" __global__ void vadd(const float* a, const float* b, float* out, int n) {\n'
-    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-    "  if (i < n) out[i] = a[i] + b[i];\n"
-    "}\n"
 )
 
 

@@ -15,14 +15,10 @@ from opmagic.build.cuda_source import KernelParameter
 from opmagic.build.nvrtc import compile_cuda_kernels, nvrtc_target
 from opmagic.errors import BuildOptionError, CompileError, NoGPUError
 
+from .sources import VADD
+
 pytest.importorskip("cuda.bindings.nvrtc", reason='needs pip install "opmagic[cuda]"')
 
-VADD = (
-    'extern "C" __global__ void vadd(const float* a, const float* b, float* out, int n) {\n'
-    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-    "  if (i < n) out[i] = a[i] + b[i];\n"
-    "}\n"
-)
 no_gpu = pytest.mark.skipif(
     gpu_unavailable_reason() is None, reason="checks what happens without a GPU"
 )

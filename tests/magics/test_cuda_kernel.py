@@ -11,14 +11,10 @@ from opmagic.build.cuda import find_cuda_toolkit, gpu_unavailable_reason
 from opmagic.dispatch import _torch
 from opmagic.errors import CompileError, NoGPUError, ToolchainError
 
+from ..build.sources import VADD
+
 pytest.importorskip("cuda.bindings.nvrtc", reason='needs pip install "opmagic[cuda]"')
 
-VADD = (
-    'extern "C" __global__ void vadd(const float* a, const float* b, float* out, int n) {\n'
-    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-    "  if (i < n) out[i] = a[i] + b[i];\n"
-    "}\n"
-)
 SPEC = (
     '--launch "out = torch.empty_like(a); vadd[cdiv(a.numel(), 256), 256](a, b, out, a.numel());'
     ' return out"'
