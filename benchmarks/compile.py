@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from opmagic.build.toolchain import find_toolchain
+from opmagic.native.toolchain import find_toolchain
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,8 +37,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import torch  # noqa: E402
 
-from opmagic.build.cuda import find_cuda_toolkit, gpu_unavailable_reason  # noqa: E402
 from opmagic.errors import ToolchainError  # noqa: E402
+from opmagic.native.cuda.toolkit import find_cuda_toolkit, gpu_unavailable_reason  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _compile_bench = importlib.util.spec_from_file_location(

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 import opmagic
-from opmagic.dispatch import _torch
+from opmagic._torch import dispatcher
 
 
 def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 3) -> float:
@@ -38,9 +38,9 @@ _LINE = re.compile(r"^(\w+): (fallthrough )?(.*) \[([^\]]+)\]$")
 def naive_all_tables() -> dict[str, dict[str, tuple[str, ...]]]:
     """The baseline for kernels(): dump every op's table and regex-parse every line."""
     out = {}
-    for name in _torch.all_op_names():
+    for name in dispatcher.all_op_names():
         rows = {}
-        for line in _torch.dump_table(name).splitlines():
+        for line in dispatcher.dump_table(name).splitlines():
             match = _LINE.match(line)
             if match:
                 rows[match[1]] = match.groups()
@@ -61,14 +61,14 @@ def report(name: str, seconds: float, target: float, baseline_name: str, baselin
 
 def main() -> int:
     """Run every benchmark; exit status 1 when a target is missed."""
-    print(f"torch {torch.__version__}, {len(_torch.all_op_names())} operators\n")
+    print(f"torch {torch.__version__}, {len(dispatcher.all_op_names())} operators\n")
     x, y = torch.randn(64, 64, requires_grad=True), torch.randn(64, 64)
     results = []
 
     for op in ("aten::add.Tensor", "aten::native_layer_norm"):
         table = median_seconds(lambda op=op: opmagic.dispatch_table(op), repeat=200)
         raw = median_seconds(
-            lambda op=op: (_torch.dump_table(op), _torch.dump_registrations(op)), repeat=200
+            lambda op=op: (dispatcher.dump_table(op), dispatcher.dump_registrations(op)), repeat=200
         )
         results.append(report(f"dispatch_table({op})", table, 5e-3, "torch's two raw dumps", raw))
 

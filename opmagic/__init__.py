@@ -7,18 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .build import (
-    CudaKernel,
-    CudaKernels,
-    LoadedLibrary,
-    cdiv,
-    compile_cuda_kernels,
-    compile_cuda_library,
-    compile_library,
-)
-from .checks import CheckReport, CheckRow, check_op
-from .cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
-from .custom_op import CustomOpResult, KernelRow, custom_op_from_source
+from .cells.checks import CheckReport, CheckRow, check_op
+from .cells.cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
+from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
+from .cells.session import Session, SessionReport, active_session, registration_site
 from .dispatch import (
     DispatchTable,
     KeyInfo,
@@ -48,10 +40,18 @@ from .errors import (
     ToolchainError,
     UnknownOperatorError,
 )
-from .session import Session, SessionReport, active_session, registration_site
+from .native import (
+    CudaKernel,
+    CudaKernels,
+    LoadedLibrary,
+    cdiv,
+    compile_cuda_kernels,
+    compile_cuda_library,
+    compile_library,
+)
 
 if TYPE_CHECKING:
-    from .view.explorer_widgets import Explorer
+    from .view.explorer.widgets import Explorer
 
 __version__ = "0.1.0"
 
@@ -60,7 +60,7 @@ def explore(op: Any = None) -> Explorer:
     """The dispatch explorer widget (ipywidgets): search an operator, build inputs from its
     schema, toggle contexts, and watch the path redraw. ``op=None`` starts at aten::add.Tensor.
     """
-    from .view.explorer_widgets import Explorer
+    from .view.explorer.widgets import Explorer
 
     return Explorer(op)
 

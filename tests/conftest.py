@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+from .shell import Cells, warm_up_torch
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +29,29 @@ def build_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         del os.environ["XDG_CACHE_HOME"]
     else:
         os.environ["XDG_CACHE_HOME"] = previous
+
+
+@pytest.fixture(scope="session")
+def ipython() -> InteractiveShell:
+    """The process's IPython shell, with torch warmed up."""
+    warm_up_torch()
+    return InteractiveShell.instance()
+
+
+@pytest.fixture
+def cells(ipython: InteractiveShell) -> Iterator[Cells]:
+    """A shell with ``%load_ext opmagic`` for one test; unloaded afterwards."""
+    ipython.run_line_magic("load_ext", "opmagic")
+    runner = Cells(ipython)
+    runner.run("import torch\nimport numpy as np\nfrom torch import Tensor")
+    try:
+        yield runner
+    finally:
+        ipython.run_line_magic("unload_ext", "opmagic")
+        ipython.reset()
+
+
+@pytest.fixture
+def dump() -> Callable[[str], str]:
+    """The dispatcher's registrations of an operator, as it prints them."""
+    return torch._C._dispatch_dump

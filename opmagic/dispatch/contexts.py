@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from .._torch import dispatcher
 from ..errors import OpmagicError
-from . import _torch
 from .resolve import Resolution, resolve
 
 # The context options of the command line and of %dispatch: (flags, argparse keywords).
@@ -96,7 +96,7 @@ class CallContext:
         with contextlib.ExitStack() as stack:
             convert: Callable[[torch.Tensor], torch.Tensor] = _same
             if self.fake:
-                mode = _torch.new_fake_tensor_mode()
+                mode = dispatcher.new_fake_tensor_mode()
                 convert = mode.from_tensor
             if self.no_grad:
                 stack.enter_context(torch.no_grad())
@@ -113,7 +113,7 @@ class CallContext:
             if self.fake:
                 stack.enter_context(mode)
             if self.logging:
-                stack.enter_context(_torch.new_logging_dispatch_mode([]))
+                stack.enter_context(dispatcher.new_logging_dispatch_mode([]))
             yield convert
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from .._torch import custom_op_state, dispatcher
 from ..errors import OpmagicError
-from . import _torch
 from .keys import catalogue
 from .ops import op_ref
 from .sites import label_site
@@ -69,7 +69,7 @@ def kernels(
     if missing is not None and missing not in wanted:
         wanted += _keys([missing])
     only = frozenset(wanted)
-    with_ceanf = set(_torch.registrations_for_key("CompositeExplicitAutogradNonFunctional"))
+    with_ceanf = set(dispatcher.registrations_for_key("CompositeExplicitAutogradNonFunctional"))
     ceanf_sites: dict[str, str | None] = {}
 
     def ceanf_site(name: str) -> str | None:
@@ -86,7 +86,7 @@ def kernels(
     cells: list[list[str]] = []
     for name in _op_names(namespace):
         qualname, _, overload = name.partition(".")
-        computed = _parse_computed(_torch.dump_table(name), only)
+        computed = _parse_computed(dispatcher.dump_table(name), only)
         if missing is not None and _has_own_kernel(name, missing, computed.get(missing)):
             continue
         if wide:
@@ -132,10 +132,10 @@ def _has_own_kernel(name: str, key: str, computed: tuple[str, str, bool] | None)
 def _custom_op_lacks_fake(name: str) -> bool:
     """Whether a custom op has neither a fake impl nor one custom_op can make by itself."""
     ref = op_ref(name)
-    opdef = _torch.custom_op_def(ref.qualname)
-    if opdef is None or _torch.custom_op_parts(opdef)["fake"] is not None:
+    opdef = custom_op_state.custom_op_def(ref.qualname)
+    if opdef is None or custom_op_state.custom_op_parts(opdef)["fake"] is not None:
         return False
-    return not _torch.custom_op_can_fake_trivially(ref.op_overload())
+    return not custom_op_state.custom_op_can_fake_trivially(ref.op_overload())
 
 
 def _keys(keys: Iterable[str] | str | None) -> list[str]:
@@ -160,7 +160,7 @@ def _keys(keys: Iterable[str] | str | None) -> list[str]:
 
 
 def _op_names(namespace: str | None) -> list[str]:
-    names = _torch.all_op_names()
+    names = dispatcher.all_op_names()
     if namespace is None:
         return sorted(names)
     prefix = namespace.rstrip(":") + "::"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _torch
+from .._torch import dispatcher
 
 CATEGORIES = (
     "python & modes",
@@ -195,12 +195,12 @@ class KeyCatalogue:
     """Every runtime and alias key of this torch, decoded from the live dispatcher."""
 
     def __init__(self) -> None:
-        self.num_backends = _torch.num_backends()
+        self.num_backends = dispatcher.num_backends()
         self.backend_mask = (1 << self.num_backends) - 1
-        full = _torch.full_keyset_raw()
-        dense_bit = _bit_of(_torch.single_key_raw("Dense"))
+        full = dispatcher.full_keyset_raw()
+        dense_bit = _bit_of(dispatcher.single_key_raw("Dense"))
         self.backend_names: dict[int, str] = {
-            b: _torch.keyset_names((1 << dense_bit) | (1 << b))[0]
+            b: dispatcher.keyset_names((1 << dense_bit) | (1 << b))[0]
             for b in range(self.num_backends)
             if full >> b & 1
         }
@@ -210,7 +210,7 @@ class KeyCatalogue:
         for fbit in range(self.num_backends, full.bit_length()):
             if not full >> fbit & 1:
                 continue
-            single = _torch.keyset_names(1 << fbit)
+            single = dispatcher.keyset_names(1 << fbit)
             if single:
                 info = _describe(single[0], single[0], None, 1 << fbit)
                 entries.append((fbit, -1, info))
@@ -219,7 +219,7 @@ class KeyCatalogue:
             functionality = functionality_names.get(fbit, f"functionality{fbit}")
             for b, backend in self.backend_names.items():
                 raw = (1 << fbit) | (1 << b)
-                names = _torch.keyset_names(raw)
+                names = dispatcher.keyset_names(raw)
                 if names:
                     entries.append((fbit, b, _describe(names[0], functionality, backend, raw)))
         entries.sort(key=lambda e: (e[0], e[1]), reverse=True)
@@ -232,7 +232,7 @@ class KeyCatalogue:
         self.aliases: dict[str, KeyInfo] = {
             name: KeyInfo(name, "alias", text, -1, name, None, 0, True)
             for name, text in ALIAS_TEXT.items()
-            if _torch.is_alias_key(name)
+            if dispatcher.is_alias_key(name)
         }
         self.undefined = KeyInfo("Undefined", "other", UNDEFINED_TEXT, -1, "Undefined", None, 0)
 
@@ -286,7 +286,7 @@ class KeyCatalogue:
         """``DispatchKeySet(FULL_AFTER, name)``: the keys below ``name``'s functionality."""
         info = self.by_name[name]
         functionality = info.functionality if info.backend else name
-        return _torch.full_after_raw(functionality)
+        return dispatcher.full_after_raw(functionality)
 
     def category_raw(self, category: str) -> int:
         """Functionality bits of every runtime key in a category (e.g. all autograd keys)."""
@@ -317,7 +317,7 @@ def _functionality_names(num_backends: int) -> dict[int, str]:
     """Map each per-backend functionality bit to its torch name (Dense, Sparse, ...)."""
     names: dict[int, str] = {}
     for name in torch._C.DispatchKey.__members__:
-        raw = _torch.single_key_raw(name)
+        raw = dispatcher.single_key_raw(name)
         if raw and raw >> num_backends and raw & ((1 << num_backends) - 1) == 0:
             functionality = raw >> num_backends
             if functionality & (functionality - 1) == 0:

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from .._torch import dispatcher
 from ..errors import NotAnOperatorError, UnknownOperatorError
-from . import _torch
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -59,7 +59,7 @@ class _OpIndex:
 
     def refresh(self) -> None:
         overloads: dict[str, list[str]] = {}
-        for full in _torch.all_op_names():
+        for full in dispatcher.all_op_names():
             qualname, _, overload = full.partition(".")
             overloads.setdefault(qualname, []).append(overload)
         for names in overloads.values():
@@ -70,7 +70,7 @@ class _OpIndex:
         if qualname not in self._overloads:
             self.refresh()
         names = self._overloads.get(qualname, [])
-        if names and _torch.find_schema(qualname, names[0]) is None:  # removed since indexed
+        if names and dispatcher.find_schema(qualname, names[0]) is None:  # removed since indexed
             self.refresh()
             names = self._overloads.get(qualname, [])
         return list(names)
@@ -96,7 +96,7 @@ class OpParameter:
 
 def op_parameters(ref: OpRef) -> tuple[OpParameter, ...]:
     """The arguments of one overload (``ref.overload`` chosen), in schema order."""
-    schema = _torch.find_schema(ref.qualname, ref.overload or "")
+    schema = dispatcher.find_schema(ref.qualname, ref.overload or "")
     if schema is None:
         raise UnknownOperatorError(_unknown_op_message(ref.qualname))
     return tuple(

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import _torch
+from .._torch import custom_op_state, dispatcher, library_hooks
 from .keys import KeyCatalogue, KeyInfo, catalogue
 from .ops import OpRef, op_ref, overloads_of
 from .sites import label_callable, label_site
@@ -244,9 +244,9 @@ class _OpTable:
 
     def __init__(self, ref: OpRef) -> None:
         self.ref = ref
-        self.schema_obj = _torch.find_schema(ref.qualname, ref.overload or "")
+        self.schema_obj = dispatcher.find_schema(ref.qualname, ref.overload or "")
         self.schema = str(self.schema_obj)
-        self._computed = _parse_computed(_torch.dump_table(ref.dispatcher_name))
+        self._computed = _parse_computed(dispatcher.dump_table(ref.dispatcher_name))
         self._registrations: list[Registration] | None = None
         self._describe = _custom_op_describer(ref.qualname)
         self._entries: dict[str, TableEntry] = {}
@@ -256,7 +256,7 @@ class _OpTable:
         """The raw registrations (parsed on first use)."""
         if self._registrations is None:
             self._registrations = _parse_registrations(
-                _torch.dump_registrations(self.ref.dispatcher_name)
+                dispatcher.dump_registrations(self.ref.dispatcher_name)
             )
         return self._registrations
 
@@ -371,11 +371,11 @@ def _parse_registrations(text: str) -> list[Registration]:
 
 def _custom_op_describer(qualname: str) -> Any:
     """For ``torch.library.custom_op`` ops: a function naming the user code behind an entry."""
-    opdef = _torch.custom_op_def(qualname)
+    opdef = custom_op_state.custom_op_def(qualname)
     if opdef is None:
         return None
-    parts = _torch.custom_op_parts(opdef)
-    own_sites = _torch.custom_op_sites(opdef)  # where an opmagic session recorded them
+    parts = custom_op_state.custom_op_parts(opdef)
+    own_sites = library_hooks.custom_op_sites(opdef)  # where an opmagic session recorded them
 
     def describe(info: KeyInfo, kind: str, site: str) -> str | None:
         if "custom_ops.py" not in site and site not in own_sites:
@@ -393,7 +393,8 @@ def _custom_op_describer(qualname: str) -> Any:
             )
             fn = parts["device_kernels"].get(device) if kind == "kernel" else None
             fn = fn or parts["device_kernels"].get(None) or parts["impl"]
-            return f"custom_op impl {label_callable(_torch.unwrap_registered_function(fn))}"
+            user_function = custom_op_state.unwrap_registered_function(fn)
+            return f"custom_op impl {label_callable(user_function)}"
         if info.category == "autograd":
             backward = parts["backward"]
             return (

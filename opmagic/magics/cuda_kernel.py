@@ -16,12 +16,12 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from ..build import DEFAULT_OPT_LEVEL
-from ..build.cuda_library import compile_cuda_library
-from ..build.cuda_source import has_registration_blocks
-from ..cuda_kernel import CudaKernelResult, cuda_kernel_from_source
+from ..cells.cuda_kernel import CudaKernelResult, cuda_kernel_from_source
+from ..cells.session import active_session
 from ..errors import CompileError, OpmagicError
-from ..session import active_session
+from ..native import DEFAULT_OPT_LEVEL
+from ..native.cuda.library import compile_cuda_library
+from ..native.cuda.source import has_registration_blocks
 from .arguments import unquote
 from .session import running_cell_number
 from .torch_library import CELL_BODY_FIRST_LINE, LibraryCells

@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from ..custom_op import CustomOpResult, custom_op_from_source
+from ..cells.custom_op import CustomOpResult, custom_op_from_source
 from ..errors import OpmagicError
 from .arguments import unquote
 from .session import running_cell_number

@@ -2,7 +2,7 @@
 
 ``%load_ext opmagic`` starts an :class:`IPythonSession`: each cell run is bracketed by
 IPython's ``pre_run_cell``/``post_run_cell`` events, so that the registrations it makes are
-owned by it (see :mod:`opmagic.session`). Jupyter front ends send a cell id, which
+owned by it (see :mod:`opmagic.cells.session`). Jupyter front ends send a cell id, which
 identifies a cell across runs; without one (terminal IPython, nbclient) every run is a new
 cell and re-runs are recognised by the operators they define.
 """
@@ -15,9 +15,9 @@ from typing import Any
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from ..cells.session import Session, SessionReport
 from ..dispatch.sites import add_labeler, remove_labeler
 from ..errors import OpmagicError
-from ..session import Session, SessionReport
 
 _INPUT_CELL = re.compile(r"^<ipython-input-(\d+)-")
 

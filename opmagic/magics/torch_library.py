@@ -22,10 +22,10 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from ..build import DEFAULT_OPT_LEVEL, BuildProgress, LoadedLibrary, compile_library
-from ..build.progress import stderr_progress
+from ..cells.session import active_session
 from ..errors import BuildOptionError, CompileError
-from ..session import active_session
+from ..native import DEFAULT_OPT_LEVEL, BuildProgress, LoadedLibrary, compile_library
+from ..native.progress import stderr_progress
 from .session import running_cell_number
 
 _BLOCK = re.compile(r"\bTORCH_LIBRARY(?P<kind>_FRAGMENT|_IMPL)?\s*\((?P<args>[^)]*)\)")

@@ -10,10 +10,10 @@ from .html import KIND_COLOURS, table_html
 from .text import grouped_entries
 
 if TYPE_CHECKING:
-    from ..checks import CheckReport
-    from ..custom_op import CustomOpResult
+    from ..cells.checks import CheckReport
+    from ..cells.custom_op import CustomOpResult
+    from ..cells.session import SessionReport
     from ..dispatch.table import DispatchTable
-    from ..session import SessionReport
 
 _STYLE = (
     "<style>.opmagic-cell td,.opmagic-cell th{padding:1px 8px;text-align:left;"

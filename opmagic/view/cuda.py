@@ -5,13 +5,13 @@ from __future__ import annotations
 from html import escape
 from typing import TYPE_CHECKING
 
-from ..build.cuda import gpu_unavailable_reason
+from ..native.cuda.toolkit import gpu_unavailable_reason
 from .cells import _STYLE, _html_rows, aligned, own_kernel_rows
 from .html import table_html
 
 if TYPE_CHECKING:
-    from ..build.nvrtc import CudaKernels
-    from ..cuda_kernel import CudaKernelResult
+    from ..cells.cuda_kernel import CudaKernelResult
+    from ..native.cuda.nvrtc import CudaKernels
 
 
 def _summary(kernels: CudaKernels) -> str:

@@ -10,9 +10,9 @@ from ..dispatch.sites import label_site
 from .html import _STYLE as STYLE  # one stylesheet for every opmagic view
 
 if TYPE_CHECKING:
-    from ..build.library import LoadedLibrary
-    from ..build.registrations import NewKernel
     from ..errors import CompileError
+    from ..native.library import LoadedLibrary
+    from ..native.registrations import NewKernel
 
 
 def build_summary(library: LoadedLibrary) -> str:
@@ -93,7 +93,7 @@ def library_html(library: LoadedLibrary) -> str:
 
 def compile_error_html(error: CompileError) -> str:
     """The first error beside its source line (highlighted), the full log collapsed."""
-    from ..build.diagnostics import first_error, hint_for, source_excerpt, where
+    from ..native.diagnostics import first_error, hint_for, source_excerpt, where
 
     first = first_error(error.diagnostics)
     head = escape(str(error).splitlines()[0])

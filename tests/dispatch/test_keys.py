@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from opmagic import key_info, runtime_keys
-from opmagic.dispatch import _torch
+from opmagic._torch import dispatcher
 from opmagic.dispatch.keys import CATEGORIES, catalogue
 
 C = torch._C
@@ -17,7 +17,7 @@ C = torch._C
 
 def test_every_runtime_key_of_this_torch_is_catalogued_with_words():
     names = {k.name for k in runtime_keys()}
-    assert names == set(_torch.keyset_names(_torch.full_keyset_raw()))
+    assert names == set(dispatcher.keyset_names(dispatcher.full_keyset_raw()))
     for info in runtime_keys():
         assert info.category in CATEGORIES, info
         assert "No description" not in info.explanation, f"{info.name} needs an explanation"
@@ -44,10 +44,10 @@ def test_priority_order_is_the_dispatchers():
 def test_names_and_highest_match_torch_on_random_keysets():
     cat = catalogue()
     rng = random.Random(0)
-    full = _torch.full_keyset_raw()
+    full = dispatcher.full_keyset_raw()
     for _ in range(3000):
         raw = rng.getrandbits(64) & rng.getrandbits(64) & full
-        assert set(cat.names(raw)) == set(_torch.keyset_names(raw))
+        assert set(cat.names(raw)) == set(dispatcher.keyset_names(raw))
         torch_pick = C._dispatch_key_name(
             C.DispatchKeySet.from_raw_repr(raw).highestPriorityTypeId()
         )

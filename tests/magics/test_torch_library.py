@@ -10,12 +10,12 @@ import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from opmagic.build import LoadedLibrary
-from opmagic.dispatch import _torch
+from opmagic._torch import dispatcher
 from opmagic.errors import BuildOptionError, CompileError, RegistrationError
 from opmagic.magics.torch_library import TorchLibraryMagics, cell_identity
+from opmagic.native import LoadedLibrary
 
-from ..build.sources import op_source, reload_variant
+from ..native.sources import op_source, reload_variant
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +67,9 @@ def test_twenty_edit_and_rerun_cycles_replace_schemas_and_kernels(shell, magics)
         source, schema, value = reload_variant("mg_cycle", cycle)
         result = run(shell, "", source, cell_id="mg-cycle")
         assert result.success, result.error_in_exec
-        assert str(_torch.find_schema("mg_cycle::step", "")) == schema
+        assert str(dispatcher.find_schema("mg_cycle::step", "")) == schema
         assert torch.ops.mg_cycle.step(x).tolist() == [value, value]
-        extras = {n for n in _torch.all_op_names() if n.startswith("mg_cycle::extra_")}
+        extras = {n for n in dispatcher.all_op_names() if n.startswith("mg_cycle::extra_")}
         assert extras == ({f"mg_cycle::extra_{cycle % 7}"} if cycle % 7 % 3 == 0 else set())
         assert list(magics.libraries) == [("cell", "mg-cycle")]
 
@@ -160,7 +160,7 @@ def test_close_unregisters_every_cell_and_stops_following_cells(shell):
     magics = TorchLibraryMagics(shell)
     magics._remember_cell(type("Info", (), {"cell_id": "mg-close"})())
     magics.torch_library("", op_source("mg_close"))
-    assert _torch.find_schema("mg_close::scale", "") is not None
+    assert dispatcher.find_schema("mg_close::scale", "") is not None
     magics.close()
-    assert _torch.find_schema("mg_close::scale", "") is None and magics.libraries == {}
+    assert dispatcher.find_schema("mg_close::scale", "") is None and magics.libraries == {}
     assert magics._remember_cell not in shell.events.callbacks["pre_run_cell"]

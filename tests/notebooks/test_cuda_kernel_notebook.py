@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from opmagic.build.cuda import gpu_unavailable_reason
+from opmagic.native.cuda.toolkit import gpu_unavailable_reason
 
 pytest.importorskip("cuda.bindings.nvrtc", reason='needs pip install "opmagic[cuda]"')
 

@@ -1,0 +1,266 @@
+"""Private torch APIs that read the dispatcher: keysets, thread-local state, tables, schemas.
+
+A new torch release that renames or changes one of these breaks this module alone;
+tests/_torch/ exercises each function so a failure names the shim. Keysets cross this
+boundary as plain ``int`` raw representations (``DispatchKeySet.raw_repr``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+_C = torch._C
+
+
+# ---------------------------------------------------------------- dispatch keys
+
+
+def full_keyset_raw() -> int:
+    """Raw bits of every runtime dispatch key of this torch build."""
+    return _C._dispatch_keyset_full().raw_repr()
+
+
+def num_backends() -> int:
+    """Number of backend-component bits at the bottom of a raw keyset."""
+    return _C._dispatch_num_backends()
+
+
+def keyset_names(raw: int) -> list[str]:
+    """Runtime key names of a raw keyset, lowest priority first (torch's own spelling)."""
+    text = str(_C.DispatchKeySet.from_raw_repr(raw))
+    inner = text[text.index("(") + 1 : text.rindex(")")]
+    return [name for name in inner.split(", ") if name]
+
+
+@functools.cache
+def full_after_raw(functionality: str) -> int:
+    """``DispatchKeySet(FULL_AFTER, key)``: the mask a kernel uses to redispatch below ``key``."""
+    key = _C._parse_dispatch_key(functionality)
+    if key is None:
+        raise KeyError(functionality)
+    return _C._dispatch_keyset_full_after(key).raw_repr()
+
+
+def single_key_raw(name: str) -> int | None:
+    """Raw bits of ``DispatchKeySet(name)`` when torch can parse the name, else ``None``."""
+    key = _C._parse_dispatch_key(name)
+    return None if key is None else _C.DispatchKeySet(key).raw_repr()
+
+
+def after_autograd_raw() -> int:
+    """``c10::after_autograd_keyset``: what autograd kernels redispatch to."""
+    return _C._after_autograd_keyset.raw_repr()
+
+
+def after_ad_inplace_or_view_raw() -> int:
+    """``c10::after_ADInplaceOrView_keyset``: what the autograd fallback redispatches to."""
+    return _C._after_ADInplaceOrView_keyset.raw_repr()
+
+
+def is_alias_key(name: str) -> bool:
+    """Whether ``name`` is an alias key (Autograd, CompositeImplicitAutograd, ...)."""
+    key = _C._parse_dispatch_key(name)
+    return key is not None and _C._dispatch_is_alias_key(key)
+
+
+def dispatch_key_for_device(device_type: str) -> str:
+    """The Dense runtime key of a device type (``'cuda'`` -> ``'CUDA'``)."""
+    return _C._dispatch_key_for_device(device_type)
+
+
+# ---------------------------------------------------------------- thread-local state
+
+
+def tls_included_raw() -> int:
+    """The thread-local dispatch include set, as raw bits."""
+    return _C._dispatch_tls_local_include_set().raw_repr()
+
+
+def tls_excluded_raw() -> int:
+    """The thread-local dispatch exclude set, as raw bits."""
+    return _C._dispatch_tls_local_exclude_set().raw_repr()
+
+
+def tensor_keyset_raw(tensor: torch.Tensor) -> int:
+    """The dispatch keyset a tensor contributes to a call (``TensorImpl::key_set``)."""
+    return _C._dispatch_keys(tensor).raw_repr()
+
+
+def dispatch_modes() -> list[Any]:
+    """The TorchDispatchMode stack, innermost (the one that runs first) last."""
+    return [_C._get_dispatch_stack_at(i) for i in range(_C._len_torch_dispatch_stack())]
+
+
+def autograd_fallback_mode() -> str:
+    """What the autograd fallback does for ops with no autograd kernel (``warn``, ``nothing``)."""
+    return _C._get_autograd_fallback_mode()
+
+
+def functorch_layers() -> list[tuple[str, int]]:
+    """The torch.func transform stack, outermost first, as ``(transform, level)`` pairs."""
+    stack = _C._functorch.get_interpreter_stack() or []
+    return [(interp.key().name, interp.level()) for interp in stack]
+
+
+def batched_level(tensor: torch.Tensor) -> int | None:
+    """The vmap level of a BatchedTensor, or ``None`` for any other tensor."""
+    if not _C._functorch.is_batchedtensor(tensor):
+        return None
+    return _C._functorch.maybe_get_level(tensor)
+
+
+def unwrap_functorch(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor one functorch wrapper (BatchedTensor, GradWrapper) holds."""
+    return _C._functorch.get_unwrapped(tensor)
+
+
+def grad_wrapper_level(tensor: torch.Tensor) -> int | None:
+    """The level of a torch.func.grad/jvp TensorWrapper, or ``None`` for other tensors."""
+    if not _C._functorch.is_gradtrackingtensor(tensor):
+        return None
+    return _C._functorch.maybe_get_level(tensor)
+
+
+def wrap_for_grad(tensor: torch.Tensor, level: int) -> torch.Tensor:
+    """A TensorWrapper at ``level`` around ``tensor``, as a grad/jvp layer makes for its inputs."""
+    return _C._functorch._wrap_for_grad(tensor, level)
+
+
+def is_grad_wrapper(tensor: torch.Tensor) -> bool:
+    """Whether a tensor is a torch.func.grad/jvp TensorWrapper."""
+    return _C._functorch.is_gradtrackingtensor(tensor)
+
+
+def is_functional_tensor(tensor: torch.Tensor) -> bool:
+    """Whether a tensor is a C++ FunctionalTensorWrapper (functionalization)."""
+    return torch._is_functional_tensor(tensor)
+
+
+def unwrap_functional(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor a FunctionalTensorWrapper holds."""
+    return torch._from_functional_tensor(tensor)
+
+
+# ---------------------------------------------------------------- operators
+
+
+def all_op_names() -> list[str]:
+    """Every operator the dispatcher knows, as ``ns::name`` or ``ns::name.overload``."""
+    return _C._dispatch_get_all_op_names()
+
+
+def dump_table(op_name: str) -> str:
+    """The computed dispatch table of one operator, a line per runtime key that has a kernel."""
+    return _C._dispatch_dump_table(op_name)
+
+
+def dump_registrations(op_name: str) -> str:
+    """Schema and raw kernel registrations of one operator, as the dispatcher prints them."""
+    return _C._dispatch_dump(op_name)
+
+
+def registrations_for_key(key: str) -> list[str]:
+    """Names of all operators with a kernel registered directly to ``key`` (alias keys too)."""
+    try:
+        return _C._dispatch_get_registrations_for_dispatch_key(key)
+    except RuntimeError:  # torch cannot parse some per-backend names (e.g. QuantizedHIP)
+        return []
+
+
+def find_schema(qualname: str, overload: str) -> Any | None:
+    """The FunctionSchema of ``qualname.overload``, or ``None`` when it does not exist."""
+    try:
+        return _C._dispatch_find_schema_or_throw(qualname, overload).schema()
+    except RuntimeError:
+        return None
+
+
+def parse_schema(text: str) -> Any:
+    """The FunctionSchema of ``"ns::name(Tensor x) -> Tensor"`` (raises RuntimeError if bad).
+
+    Its ``.arguments`` (each with ``.name``, ``.kwarg_only``) and ``.returns`` are read by
+    front ends that generate Python kernels for a schema.
+    """
+    return _C.parse_schema(text)
+
+
+def select_overload(qualname: str, args: tuple, kwargs: dict) -> str:
+    """The overload name torch picks for a packet call (raises RuntimeError on no match)."""
+    return _C._jit_resolve_packet(qualname, *args, **kwargs)
+
+
+def py_kernel_keys(op_overload: Any) -> list[str]:
+    """Keys with a Python kernel (``py_impl``) on an OpOverload, used by the Python dispatcher."""
+    return [
+        getattr(key, "name", str(key))
+        for key in getattr(op_overload, "py_kernels", {})
+        if isinstance(key, _C.DispatchKey)
+    ]
+
+
+def is_fake_mode(mode: Any) -> bool:
+    """Whether a dispatch mode is a FakeTensorMode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return isinstance(mode, FakeTensorMode)
+
+
+def is_fake_tensor_type(cls: type) -> bool:
+    """Whether a tensor subclass is FakeTensor."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return issubclass(cls, FakeTensor)
+
+
+# ---------------------------------------------------------------- contexts for a call
+
+
+def new_fake_tensor_mode() -> Any:
+    """A fresh ``FakeTensorMode`` (its tensors come from ``mode.from_tensor``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def new_logging_dispatch_mode(log: list[str]) -> Any:
+    """A ``TorchDispatchMode`` that appends each operator it sees to ``log`` and runs it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LoggingMode(TorchDispatchMode):
+        """Logs every operator call that reaches the Python key, then runs it unchanged."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            log.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    return LoggingMode()
+
+
+# ---------------------------------------------------------------- torch.ops caches
+
+
+def refresh_operators(qualnames: Iterable[str]) -> None:
+    """Forget Python-side caches of operators whose definition changed or went away.
+
+    ``torch.ops`` caches a packet per operator on first access, and torch.fx a signature
+    per schema; after an operator is removed or redefined (a rebuilt library, a re-run
+    cell) they are stale, as ``torch.library.Library._destroy`` knows. Only for operators
+    whose definition changed: torch keys tables (decompositions, Python kernels) by the
+    packets of its own operators.
+    """
+    from torch.fx.operator_schemas import _SCHEMA_TO_SIGNATURE_CACHE
+
+    for qualname in set(qualnames):
+        namespace_name, _, rest = qualname.partition("::")
+        name, _, overload = rest.partition(".")
+        _SCHEMA_TO_SIGNATURE_CACHE.pop((f"{namespace_name}::{name}", overload), None)
+        namespace = vars(torch.ops).get(namespace_name)
+        if namespace is None or name not in vars(namespace):
+            continue
+        delattr(namespace, name)
+        if name in namespace._dir:
+            namespace._dir.remove(name)

@@ -1,0 +1,124 @@
+"""``check_op``: torch.library.opcheck, and gradcheck for ops with a backward, as a table."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._torch import custom_op_state
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """The outcome of one check."""
+
+    name: str
+    status: str  # "pass", "FAIL" or "skip"
+    detail: str  # the first line of the error, or why the check was skipped
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Every check run on one operator with one set of sample arguments."""
+
+    op: str
+    inputs: str  # the sample arguments, described
+    rows: tuple[CheckRow, ...]
+
+    @property
+    def passed(self) -> bool:
+        """No check failed."""
+        return all(row.status != "FAIL" for row in self.rows)
+
+    @property
+    def summary(self) -> str:
+        """``"5 passed"`` or ``"2 of 5 failed"``."""
+        failed = sum(row.status == "FAIL" for row in self.rows)
+        ran = sum(row.status != "skip" for row in self.rows)
+        return f"{failed} of {ran} failed" if failed else f"{ran} passed"
+
+    def __str__(self) -> str:
+        from ..view.cells import check_text
+
+        return check_text(self)
+
+    def _repr_html_(self) -> str:
+        from ..view.cells import check_html
+
+        return check_html(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+
+def check_op(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> CheckReport:
+    """Run ``torch.library.opcheck`` on ``op(*args, **kwargs)``; for an op made with
+    ``custom_op`` that has a backward, also ``torch.autograd.gradcheck`` in float64.
+
+    Failures are rows of the report, not exceptions.
+    """
+    args = tuple(args)
+    kwargs = dict(kwargs or {})
+    outcomes = torch.library.opcheck(op, args, kwargs, raise_exception=False)
+    rows = [_opcheck_row(name, outcome) for name, outcome in outcomes.items()]
+    opdef = op if custom_op_state.is_custom_op_def(op) else None
+    if opdef is not None and custom_op_state.custom_op_parts(opdef)["backward"] is not None:
+        rows.append(_gradcheck(op, args, kwargs))
+    name = getattr(opdef, "_qualname", None) or str(op)
+    return CheckReport(name, describe_arguments(args, kwargs), tuple(rows))
+
+
+def describe_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """Short descriptions of sample arguments (tensors by dtype and shape)."""
+    parts = [_describe(value) for value in args]
+    parts += [f"{name}={_describe(value)}" for name, value in kwargs.items()]
+    return "(" + ", ".join(parts) + ")"
+
+
+def _describe(value: Any) -> str:
+    """One sample argument in a few characters (``float32[3]``)."""
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        grad = ", requires_grad" if value.requires_grad else ""
+        device = "" if value.device.type == "cpu" else f", {value.device}"
+        return f"{dtype}{list(value.shape)}{device}{grad}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_describe(v) for v in value) + "]"
+    return repr(value)
+
+
+def _opcheck_row(name: str, outcome: Any) -> CheckRow:
+    """A row from one of opcheck's outcomes: ``"SUCCESS"``, a skip reason or an exception."""
+    if outcome == "SUCCESS":
+        return CheckRow(name, "pass", "")
+    if isinstance(outcome, str):
+        return CheckRow(name, "skip", outcome)
+    return CheckRow(name, "FAIL", _first_line(outcome))
+
+
+def _gradcheck(op: Any, args: tuple, kwargs: dict[str, Any]) -> CheckRow:
+    """gradcheck with every floating-point tensor argument as a float64 leaf needing grad."""
+    inputs = [_as_grad_input(value) for value in args]
+    if not any(isinstance(v, torch.Tensor) and v.requires_grad for v in inputs):
+        return CheckRow("gradcheck", "skip", "no floating-point tensor argument")
+    try:
+        torch.autograd.gradcheck(lambda *xs: op(*xs, **kwargs), tuple(inputs))
+    except Exception as error:
+        return CheckRow("gradcheck", "FAIL", _first_line(error))
+    return CheckRow("gradcheck", "pass", "")
+
+
+def _as_grad_input(value: Any) -> Any:
+    """A floating-point tensor as a float64 leaf that needs grad; anything else unchanged."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().to(torch.float64).requires_grad_(True)
+    return value
+
+
+def _first_line(error: BaseException) -> str:
+    """``Type: first line of the message``, to fit a table cell."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"

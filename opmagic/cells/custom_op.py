@@ -1,0 +1,578 @@
+"""``custom_op_from_source``: a custom operator from the Python source of one cell.
+
+The source holds the operator's type-hinted function and, optionally, its companions,
+written with decorators that exist while the source runs::
+
+    def numpy_sin(x: torch.Tensor) -> torch.Tensor:      # the operator
+        return torch.from_numpy(np.sin(x.numpy()))
+
+    @fake                                                 # register_fake
+    def _(x): return torch.empty_like(x)
+
+    @setup_context                                        # register_autograd(backward,
+    def _(ctx, inputs, output): ctx.save_for_backward(inputs[0])  # setup_context=...)
+
+    @backward
+    def _(ctx, grad): return grad * ctx.saved_tensors[0].cos()
+
+    @kernel("cuda")                                       # register_kernel("cuda")
+    def _(x): ...
+
+    @vmap                                                 # register_vmap
+    def _(info, in_dims, x): ...
+
+    @torch_dispatch(MyMode)                               # register_torch_dispatch(MyMode)
+    def _(mode, func, types, args, kwargs): ...
+
+    autocast("cpu", torch.bfloat16)                       # register_autocast("cpu", ...)
+
+The source runs first (the decorators only collect); the operator is made and its
+companions registered once it ran without error, so a cell that fails registers nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import linecache
+import re
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._torch import custom_op_state, dispatcher
+from ..dispatch import DispatchTable, dispatch_table
+from ..dispatch.ops import OpRef, overloads_of
+from ..dispatch.sites import label_location
+from ..errors import CellSourceError, ForeignOperatorError, OperatorNameError
+from .checks import CheckReport, check_op
+from .session import active_session, foreign_operator_message, registration_site
+
+COMPANIONS = ("fake", "setup_context", "backward", "kernel", "vmap", "autocast", "torch_dispatch")
+_UNBOUND = object()
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One thing the cell registered for the operator, and where it was written."""
+
+    key: str  # the dispatch key it serves ("CompositeExplicitAutograd", "Meta", "Autograd", ...)
+    role: str  # "kernel", "fake impl", "backward", ...
+    function: str  # the Python function behind it, or what the rule does
+    where: str  # "cell [5], line 3"
+
+
+@dataclass(eq=False)
+class CustomOpResult:
+    """What ``%%custom_op`` made: the op, its kernels per key, its dispatch table, checks."""
+
+    op: Any  # the CustomOpDef, also bound in the namespace under ``function``
+    qualname: str
+    function: str
+    notes: tuple[str, ...] = ()
+    checks: CheckReport | None = None
+
+    @property
+    def schema(self) -> str:
+        """The operator's schema, e.g. ``mylib::numpy_sin(Tensor x) -> Tensor``."""
+        return str(self.op._opoverload._schema)
+
+    @property
+    def dotted(self) -> str:
+        """``mylib.numpy_sin``, the ``torch.ops`` spelling."""
+        return self.qualname.replace("::", ".")
+
+    @functools.cached_property
+    def kernels(self) -> tuple[KernelRow, ...]:
+        """What serves each key the op's definition and companions registered."""
+        return tuple(custom_op_kernels(self.op, self.table))
+
+    @functools.cached_property
+    def table(self) -> DispatchTable:
+        """The operator's dispatch table, read from the dispatcher."""
+        table = dispatch_table(self.op)
+        assert isinstance(table, DispatchTable)
+        return table
+
+    def __str__(self) -> str:
+        from ..view.cells import custom_op_text
+
+        return custom_op_text(self)
+
+    def _repr_html_(self) -> str:
+        from ..view.cells import custom_op_html
+
+        return custom_op_html(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self) if not cycle else f"CustomOpResult({self.qualname})")
+
+
+@dataclass
+class _Companion:
+    """A companion the cell declared, applied to the operator after the cell ran."""
+
+    kind: str
+    function: Callable | None
+    arguments: tuple
+    line: int
+
+
+@dataclass
+class _Collector:
+    """The decorators a cell sees while it runs: they record companions and change nothing."""
+
+    filename: str
+    companions: list[_Companion] = field(default_factory=list)
+
+    def names(self) -> dict[str, Any]:
+        """The names injected into the cell's namespace while it runs."""
+        return {name: getattr(self, name) for name in COMPANIONS}
+
+    def fake(self, function: Callable) -> Callable:
+        """``@fake``: the FakeTensor/meta implementation (``register_fake``)."""
+        return self._record("fake", function)
+
+    def setup_context(self, function: Callable) -> Callable:
+        """``@setup_context``: saves what ``@backward`` needs (``register_autograd``)."""
+        return self._record("setup_context", function)
+
+    def backward(self, function: Callable) -> Callable:
+        """``@backward``: the gradient formula (``register_autograd``)."""
+        return self._record("backward", function)
+
+    def vmap(self, function: Callable) -> Callable:
+        """``@vmap``: the batching rule ``(info, in_dims, *args)`` (``register_vmap``)."""
+        return self._record("vmap", function)
+
+    def kernel(self, device_types: str | Iterable[str]) -> Callable[[Callable], Callable]:
+        """``@kernel("cuda")``: a kernel for some device types (``register_kernel``)."""
+        self._expect_arguments("kernel", device_types, '@kernel("cuda")')
+        return lambda function: self._record("kernel", function, device_types)
+
+    def torch_dispatch(self, cls: type) -> Callable[[Callable], Callable]:
+        """``@torch_dispatch(Mode)``: the rule under a mode or tensor subclass."""
+        self._expect_arguments("torch_dispatch", cls, "@torch_dispatch(MyMode)")
+        return lambda function: self._record("torch_dispatch", function, cls)
+
+    def autocast(self, device_type: str, cast_inputs: torch.dtype) -> None:
+        """``autocast("cpu", torch.bfloat16)``: cast floating inputs under autocast."""
+        line = _caller_line(self.filename)
+        self.companions.append(_Companion("autocast", None, (device_type, cast_inputs), line))
+
+    def _record(self, kind: str, function: Callable, *arguments: Any) -> Callable:
+        """Remember a companion and the line it was written at; the function is unchanged."""
+        code = getattr(function, "__code__", None)
+        line = code.co_firstlineno if code is not None else _caller_line(self.filename)
+        self.companions.append(_Companion(kind, function, arguments, line))
+        return function
+
+    def _expect_arguments(self, name: str, argument: Any, example: str) -> None:
+        """``@kernel``/``@torch_dispatch`` used without their argument: say how to write it."""
+        if callable(argument) and not isinstance(argument, (str, type)):
+            raise CellSourceError(
+                f"{label_location(self.filename, _caller_line(self.filename))}: @{name} takes "
+                f"an argument; write {example}.",
+                filename=self.filename,
+                line=_caller_line(self.filename),
+            )
+
+
+def custom_op_from_source(
+    source: str,
+    name: str,
+    *,
+    mutates_args: Iterable[str] | str = (),
+    device_types: str | Iterable[str] | None = None,
+    schema: str | None = None,
+    tags: Iterable[torch.Tag] = (),
+    namespace: dict[str, Any] | None = None,
+    filename: str | None = None,
+    check: str | None = None,
+) -> CustomOpResult:
+    """Make the custom operator ``name`` (``"ns::name"``) from the function in ``source``.
+
+    ``source`` runs in ``namespace`` (a fresh one when ``None``) with the companion
+    decorators of this module's docstring; the operator function is the top-level function
+    named like the operator, else the only top-level function that is neither a companion
+    nor private (``_name``). The other keywords are ``torch.library.custom_op``'s.
+    ``check`` is a Python expression for sample arguments (a tuple is the argument list)
+    passed to :func:`opmagic.check_op`. ``filename`` names the source in tracebacks and
+    tables (IPython passes the cell's). The operator is bound in ``namespace`` under the
+    function's name. Problems with the source raise :class:`CellSourceError` naming the line.
+    """
+    qualname = parse_operator_name(name)
+    if filename is None:  # a name of our own: tracebacks and messages read the source from here
+        filename = f"<custom_op {qualname}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    namespace = {} if namespace is None else namespace
+    namespace.setdefault("__builtins__", __builtins__)
+    _refuse_foreign(qualname)
+    tree = _parse(source, filename)
+    function_node = _operator_function(tree, qualname, filename)
+    if schema is None:
+        _require_type_hints(function_node, filename)
+    previous = namespace.get(function_node.name, _UNBOUND)
+    collector = _Collector(filename)
+    try:
+        _run(tree, filename, namespace, collector, qualname)
+        function = namespace[function_node.name]
+        where = label_location(filename, function_node.lineno)
+        if schema is None:
+            _infer_schema(function, mutates_args, where, filename, function_node.lineno)
+        notes = _replacement_notes(qualname)
+        op = _make_op(qualname, function, mutates_args, device_types, schema, tags, filename)
+        _apply_companions(op, collector.companions, filename)
+        session = active_session()
+        if session is not None:
+            notes += tuple(session.displaced())
+    except BaseException:  # the name keeps what it meant before the cell
+        if previous is _UNBOUND:
+            namespace.pop(function_node.name, None)
+        else:
+            namespace[function_node.name] = previous
+        raise
+    namespace[function_node.name] = op
+    result = CustomOpResult(op, qualname, function_node.name, notes)
+    if check is not None:
+        result.checks = _run_check(op, check, namespace, filename)
+    return result
+
+
+def parse_operator_name(name: str) -> str:
+    """``ns::name`` checked to be a new custom operator's name."""
+    namespace, separator, op_name = name.strip().partition("::")
+    example = "Write NAMESPACE::NAME with Python identifiers, e.g. mylib::numpy_sin."
+    if not separator:
+        raise OperatorNameError(f"{name!r} is not an operator name: it has no '::'. {example}")
+    for part, what in ((namespace, "namespace"), (op_name, "name")):
+        if not _IDENTIFIER.match(part):
+            raise OperatorNameError(
+                f"{name!r} is not an operator name: the {what} {part!r} is not a Python "
+                f"identifier. {example} (custom_op makes the default overload; there is no "
+                "'.overload' part.)"
+            )
+    return f"{namespace}::{op_name}"
+
+
+def custom_op_kernels(op: Any, table: DispatchTable | None = None) -> list[KernelRow]:
+    """What the op's definition and companions registered, per dispatch key, with sources.
+
+    ``table`` is the op's dispatch table when the caller has it already.
+    """
+    parts = custom_op_state.custom_op_parts(op)
+    table = table if table is not None else dispatch_table(op)
+    assert isinstance(table, DispatchTable)
+    registered = {r.key: r for r in table.registrations if r.active}
+    rows = []
+    for device, fn in parts["device_kernels"].items():
+        key = dispatcher.dispatch_key_for_device(device) if device else "CompositeExplicitAutograd"
+        rows.append(_function_row(key, "kernel", custom_op_state.unwrap_registered_function(fn)))
+    if parts["fake"] is not None:
+        rows.append(_function_row("Meta", "fake impl", parts["fake"]))
+    elif custom_op_state.custom_op_can_fake_trivially(op._opoverload):
+        rows.append(KernelRow("Meta", "fake impl", "(generated: returns nothing)", ""))
+    else:
+        rows.append(KernelRow("Meta", "fake impl", "(none: FakeTensor/meta calls fail)", ""))
+    if parts["backward"] is not None:
+        rows.append(_function_row("Autograd", "backward", parts["backward"]))
+        if parts["setup_context"] is not None:
+            rows.append(_function_row("Autograd", "setup_context", parts["setup_context"]))
+    else:
+        rows.append(KernelRow("Autograd", "backward", "(none: backward raises)", ""))
+    if parts["vmap"] is not None:
+        rows.append(_function_row("FuncTorchBatched", "vmap rule", parts["vmap"]))
+    for device, dtype in parts["autocast"].items():
+        key = "Autocast" + dispatcher.dispatch_key_for_device(device)
+        site = registered[key].source if key in registered else ""
+        rows.append(KernelRow(key, "autocast", f"casts to {dtype}", site))
+    for cls, fn in parts["torch_dispatch"].items():
+        rows.append(_function_row("Python", f"rule under {cls.__name__}", fn))
+    if "BackendSelect" in registered:
+        rows.append(KernelRow("BackendSelect", "device router", "(from the device argument)", ""))
+    return rows
+
+
+def _function_row(key: str, role: str, fn: Any) -> KernelRow:
+    """A kernel row naming a Python function and the cell line it was written at."""
+    code = getattr(fn, "__code__", None)
+    name = getattr(fn, "__name__", repr(fn))
+    where = label_location(code.co_filename, code.co_firstlineno) if code is not None else ""
+    return KernelRow(key, role, name, where)
+
+
+def _refuse_foreign(qualname: str) -> None:
+    """Only operators this session defined (or custom ops, without a session) are redefined."""
+    namespace, name = qualname.split("::", 1)
+    if not overloads_of(OpRef(namespace, name, None)):
+        return
+    session = active_session()
+    owned = (
+        session.owns_definition(qualname)
+        if session is not None
+        else custom_op_state.custom_op_def(qualname) is not None
+    )
+    if not owned:
+        raise ForeignOperatorError(foreign_operator_message(qualname))
+
+
+def _parse(source: str, filename: str) -> ast.Module:
+    """The cell's syntax tree; a syntax error names its cell line."""
+    try:
+        return ast.parse(source, filename)
+    except SyntaxError as error:
+        line = error.lineno or 1
+        raise CellSourceError(
+            f"{label_location(filename, line)}: SyntaxError: {error.msg}\n"
+            f"    {(error.text or '').strip()}",
+            filename=filename,
+            line=line,
+        ) from error
+
+
+def _operator_function(tree: ast.Module, qualname: str, filename: str) -> ast.FunctionDef:
+    """The top-level function that becomes the operator."""
+    op_name = qualname.split("::", 1)[1]
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    named = [node for node in functions if node.name == op_name]
+    if named:
+        return named[-1]
+    candidates = [
+        node
+        for node in functions
+        if not node.name.startswith("_") and not any(map(_is_companion, node.decorator_list))
+    ]
+    if len(candidates) == 1:
+        return candidates[0]
+    where = label_location(filename, 1)
+    if not candidates:
+        raise CellSourceError(
+            f"{where}: the cell defines no function to make {qualname} from. Write the "
+            f"operator as a top-level function with type hints, e.g.\n"
+            f"    def {op_name}(x: torch.Tensor) -> torch.Tensor:\n        ...",
+            filename=filename,
+            line=1,
+        )
+    listed = ", ".join(f"{node.name} (line {node.lineno})" for node in candidates)
+    raise CellSourceError(
+        f"{where}: the cell defines several functions that could be {qualname}: {listed}. "
+        f"Name the operator's function {op_name}, or start helpers' names with an "
+        "underscore (_helper).",
+        filename=filename,
+        line=1,
+    )
+
+
+def _is_companion(decorator: ast.expr) -> bool:
+    """Whether a decorator is one of the companion decorators (``@fake``, ``@kernel(...)``)."""
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return isinstance(target, ast.Name) and target.id in COMPANIONS
+
+
+def _require_type_hints(node: ast.FunctionDef, filename: str) -> None:
+    """Every parameter and the return value need annotations for schema inference."""
+    arguments = node.args
+    if arguments.vararg or arguments.kwarg:
+        raise CellSourceError(
+            f"{label_location(filename, node.lineno)}: {node.name}() takes *args or **kwargs; "
+            "an operator needs named, type-hinted parameters. List them one by one.",
+            filename=filename,
+            line=node.lineno,
+        )
+    params = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+    missing = [f"parameter {p.arg}" for p in params if p.annotation is None]
+    if node.returns is None:
+        missing.append("the return value")
+    if missing:
+        raise CellSourceError(
+            f"{label_location(filename, node.lineno)}: {node.name}() needs type hints to "
+            f"become an operator; missing for {', '.join(missing)}. Annotate them (e.g. "
+            "x: torch.Tensor, -> torch.Tensor, -> None), or pass --schema.",
+            filename=filename,
+            line=node.lineno,
+        )
+
+
+def _run(
+    tree: ast.Module,
+    filename: str,
+    namespace: dict[str, Any],
+    collector: _Collector,
+    qualname: str,
+) -> None:
+    """Run the cell with the companion decorators in scope, restoring shadowed names."""
+    injected = collector.names()
+    shadowed = {name: namespace[name] for name in injected if name in namespace}
+    namespace.update(injected)
+    try:
+        exec(compile(tree, filename, "exec", dont_inherit=True), namespace)
+    except CellSourceError:
+        raise
+    except Exception as error:
+        raise _cell_error(error, filename, qualname) from error
+    finally:
+        for name in injected:
+            if namespace.get(name) is injected[name]:
+                del namespace[name]
+        namespace.update(shadowed)
+
+
+def _cell_error(error: BaseException, filename: str, qualname: str) -> CellSourceError:
+    """One message for a Python error in the cell, pointing at the cell's line."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == filename]
+    line = frames[-1].lineno if frames and frames[-1].lineno else 1
+    text = linecache.getline(filename, line).strip()
+    state = (
+        f"the previous {qualname} is still registered"
+        if custom_op_state.custom_op_def(qualname) is not None
+        else f"{qualname} was not registered"
+    )
+    return CellSourceError(
+        f"{label_location(filename, line)}: {type(error).__name__}: {error}\n    {text}\n"
+        f"Fix the cell and run it again; {state}.",
+        filename=filename,
+        line=line,
+    )
+
+
+def _infer_schema(
+    function: Callable, mutates_args: Any, where: str, filename: str, line: int
+) -> None:
+    """Infer the schema as custom_op will, to report a failure at the function's line."""
+    try:
+        torch.library.infer_schema(function, mutates_args=mutates_args)
+    except ValueError as error:
+        reason = str(error).removeprefix("infer_schema(func): ")
+        reason = re.sub(r" The valid types are: .*?\. Got func", " Got func", reason, flags=re.S)
+        fix = (
+            "Correct --mutates-args or the function's parameters."
+            if "mutates_args" in reason
+            else "Use the types torch.library supports (Tensor, int, float, bool, str, "
+            "torch.device, torch.dtype, and Optional/Sequence of them) or pass "
+            "--schema '(Tensor x) -> Tensor'."
+        )
+        raise CellSourceError(
+            f"{where}: cannot infer a schema for {function.__name__}(): {reason}. {fix}",
+            filename=filename,
+            line=line,
+        ) from error
+
+
+def _replacement_notes(qualname: str) -> tuple[str, ...]:
+    """What re-defining the operator replaces, when it was defined before."""
+    opdef = custom_op_state.custom_op_def(qualname)
+    if opdef is None:
+        return ()
+    code = getattr(opdef._init_fn, "__code__", None)
+    where = f" from {label_location(code.co_filename, code.co_firstlineno)}" if code else ""
+    return (f"replaces the previous {qualname}{where}",)
+
+
+def _make_op(
+    qualname: str,
+    function: Callable,
+    mutates_args: Any,
+    device_types: Any,
+    schema: str | None,
+    tags: Iterable[torch.Tag],
+    filename: str,
+) -> Any:
+    """``torch.library.custom_op`` on the function, recorded at the function's cell line."""
+    line = function.__code__.co_firstlineno
+    with registration_site(filename, line), _reported(filename, line):
+        return torch.library.custom_op(
+            qualname,
+            mutates_args=mutates_args,
+            device_types=device_types,
+            schema=schema,
+            tags=tuple(tags),
+        )(function)
+
+
+def _apply_companions(op: Any, companions: list[_Companion], filename: str) -> None:
+    """Register the collected companions on the new operator, each at its own line."""
+    autograd = {c.kind: c for c in companions if c.kind in ("backward", "setup_context")}
+    if "setup_context" in autograd and "backward" not in autograd:
+        line = autograd["setup_context"].line
+        raise CellSourceError(
+            f"{label_location(filename, line)}: @setup_context needs a @backward in the same "
+            "cell (register_autograd takes both).",
+            filename=filename,
+            line=line,
+        )
+    for companion in companions:
+        if companion.kind == "setup_context":
+            continue
+        with registration_site(filename, companion.line), _reported(filename, companion.line):
+            _register(op, companion, autograd.get("setup_context"))
+
+
+def _register(op: Any, companion: _Companion, setup_context: _Companion | None) -> None:
+    """Register one companion with the torch.library method it stands for."""
+    fn, arguments = companion.function, companion.arguments
+    if companion.kind == "fake":
+        op.register_fake(fn)
+    elif companion.kind == "backward":
+        op.register_autograd(fn, setup_context=setup_context.function if setup_context else None)
+    elif companion.kind == "kernel":
+        op.register_kernel(arguments[0], fn)
+    elif companion.kind == "vmap":
+        op.register_vmap(fn)
+    elif companion.kind == "torch_dispatch":
+        op.register_torch_dispatch(arguments[0], fn)
+    else:
+        op.register_autocast(*arguments)
+
+
+@contextlib.contextmanager
+def _reported(filename: str, line: int) -> Iterator[None]:
+    """Turn an error torch raises while registering into a CellSourceError at ``line``."""
+    try:
+        yield
+    except CellSourceError:
+        raise
+    except Exception as error:
+        raise CellSourceError(
+            f"{label_location(filename, line)}: {type(error).__name__}: {error}",
+            filename=filename,
+            line=line,
+        ) from error
+
+
+def _run_check(op: Any, check: str, namespace: dict[str, Any], filename: str) -> CheckReport:
+    """Evaluate the sample-argument expression and run the checks."""
+    try:
+        value = eval(check, namespace)
+    except Exception as error:
+        raise CellSourceError(
+            f"{label_location(filename, 1)}: --check {check!r} failed: "
+            f"{type(error).__name__}: {error}. Give a Python expression for the sample "
+            "arguments, e.g. --check 'torch.randn(3),'.",
+            filename=filename,
+            line=1,
+        ) from error
+    args = value if isinstance(value, tuple) else (value,)
+    return check_op(op, args)
+
+
+def _caller_line(filename: str) -> int:
+    """The line of the innermost frame running the cell's code."""
+    for frame in reversed(traceback.extract_stack()):
+        if frame.filename == filename and frame.lineno:
+            return frame.lineno
+    return 1
+
+
+__all__ = [
+    "COMPANIONS",
+    "CustomOpResult",
+    "KernelRow",
+    "custom_op_from_source",
+    "custom_op_kernels",
+    "parse_operator_name",
+]

@@ -1,0 +1,663 @@
+"""Re-runnable cells: a session owns every torch.library registration each cell makes.
+
+While a :class:`Session` is started, ``begin``/``finish`` bracket each cell. Every
+torch.library registration made by code written in a cell while it runs (``define``,
+``impl``, ``custom_op`` and its ``register_*`` companions, ``register_fake``,
+``register_autograd``, ``register_kernel``, ``register_vmap``, ``register_autocast``,
+``register_torch_dispatch``, ``Library`` objects and their methods, ``OpOverload.py_impl``
+for a dispatch key) is recorded for that cell, each in a C++ library of its own (or as the
+Python-side entry it is) so that it can be removed and re-applied alone.
+
+- Re-running a cell (same key) first removes the kernels and Python-side registrations of its
+  previous run and reverts that run's changes to custom ops of other cells. Its operator
+  definitions stay until the new run defines them again or succeeds.
+- A registration replaces the session's earlier registration with the same identity (the
+  same definition, the same operator and dispatch key, ...), whichever cell made it; defining
+  an operator again removes every registration that other cells made on it.
+- A run that fails is rolled back: what it registered goes, what it removed comes back.
+- A run that succeeds drops for good what it replaced and what is left of its cell's previous
+  run (definitions it no longer makes, its Library objects, tracked handles).
+- Without a cell key (a terminal IPython, or a client that sends no cell id) every run is a
+  new cell; a key-less run that defines every operator and namespace an earlier key-less cell
+  defined counts as that cell's re-run.
+- Registrations made by imported modules, by torch itself, or outside a cell are not tracked.
+- ``close()`` removes everything, leaving the dispatcher as it was before ``start()``.
+
+Other front ends track their own resources (e.g. loaded C++ libraries) per cell with
+:meth:`Session.track`: any object with ``close()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._torch import custom_op_state, dispatcher, library_hooks
+from ..dispatch.sites import label_location
+from ..errors import ForeignOperatorError, OpmagicError
+
+Site = tuple[str, int]
+
+_active: Session | None = None
+_site_override: ContextVar[Site | None] = ContextVar("opmagic_registration_site", default=None)
+
+
+def active_session() -> Session | None:
+    """The started session of this process, if any (``%load_ext opmagic`` starts one)."""
+    return _active
+
+
+@contextlib.contextmanager
+def registration_site(filename: str, line: int) -> Iterator[None]:
+    """Record the registrations made inside as made by a cell at ``filename:line``.
+
+    Front ends that register on a cell's behalf (``%%custom_op``) use it, so that the
+    session tracks what they register and tables name the cell's line.
+    """
+    token = _site_override.set((filename, line))
+    try:
+        yield
+    finally:
+        _site_override.reset(token)
+
+
+@dataclass(eq=False)
+class TrackedHandle:
+    """A resource a front end asked the session to close with its cell (``Session.track``)."""
+
+    handle: Any
+    description: str
+    closed: bool = False
+
+    def close(self) -> None:
+        """Close the resource once."""
+        if not self.closed:
+            self.closed = True
+            self.handle.close()
+
+    @property
+    def is_open(self) -> bool:
+        """Neither closed by the session nor by its owner (a handle whose ``closed`` is True)."""
+        return not self.closed and getattr(self.handle, "closed", False) is not True
+
+
+@dataclass(eq=False)
+class CellRecord:
+    """What one run of a cell registered, and what to undo when it goes."""
+
+    key: str
+    label: str
+    has_key: bool
+    registrations: list[library_hooks.Registration] = field(default_factory=list)
+    libraries: list[weakref.ref] = field(default_factory=list)
+    handles: list[TrackedHandle] = field(default_factory=list)
+    changes: list[custom_op_state.CustomOpChange] = field(default_factory=list)
+    # custom_op entries this run changed: qualname -> the (CustomOpDef, Library) torch had
+    custom_op_entries: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    created_opdefs: dict[str, weakref.ref] = field(default_factory=dict)
+    defined: set[tuple[str, str]] = field(default_factory=set)  # ("def", op) / ("namespace", ns)
+    notes: list[str] = field(default_factory=list)
+
+    def live_libraries(self) -> list[Any]:
+        """Library objects this run created that still exist."""
+        return [lib for lib in (ref() for ref in self.libraries) if lib is not None]
+
+    @property
+    def empty(self) -> bool:
+        """Nothing of the run is left to undo or to show."""
+        return not (
+            self.registrations
+            or any(h.is_open for h in self.handles)
+            or self.changes
+            or any(not library_hooks.is_torch_held_library(lib) for lib in self.live_libraries())
+        )
+
+
+@dataclass(frozen=True)
+class CellReport:
+    """One cell in a session listing."""
+
+    label: str
+    key: str
+    items: tuple[tuple[str, str], ...]  # (what, where)
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SessionReport:
+    """What each cell of the session registered (``%opmagic session``)."""
+
+    cells: tuple[CellReport, ...]
+
+    def __str__(self) -> str:
+        from ..view.cells import session_text
+
+        return session_text(self)
+
+    def _repr_html_(self) -> str:
+        from ..view.cells import session_html
+
+        return session_html(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+
+class _CaptureRule:
+    """Decides from the call stack whether code written in a cell is registering.
+
+    Frames of torch's registration API, of opmagic and of the standard library's wrappers
+    (functools, contextlib, warnings) are looked through; the first other frame decides: a
+    cell captures, anything else (an imported module, torch internals, an import) does not.
+    """
+
+    def __init__(self, is_cell_code: Callable[[str], bool]) -> None:
+        self.is_cell_code = is_cell_code
+        prefixes = [
+            *library_hooks.registration_machinery_paths(),
+            os.path.dirname(os.path.dirname(__file__)) + os.sep,  # all of opmagic
+        ]
+        prefixes += [module.__file__ for module in (functools, contextlib, warnings)]
+        with contextlib.suppress(ImportError):
+            import typing_extensions
+
+            prefixes.append(typing_extensions.__file__)
+        self._prefixes = tuple(p for p in prefixes if p)
+        self._looked_through: dict[str, bool] = {}
+
+    def site(self, frame: Any) -> Site | None:
+        """The cell line a registration comes from, or ``None`` when no cell makes it."""
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            through = self._looked_through.get(filename)
+            if through is None:
+                through = self._looked_through[filename] = filename.startswith(self._prefixes)
+            if not through:
+                return (filename, frame.f_lineno) if self.is_cell_code(filename) else None
+            frame = frame.f_back
+        return None
+
+
+def _is_exec_source(filename: str) -> bool:
+    """Default cell test outside IPython: code compiled from a string (``<...>``), not frozen."""
+    return filename.startswith("<") and not filename.startswith("<frozen")
+
+
+class Session:
+    """Owns the torch.library registrations of each cell; see the module docstring for rules.
+
+    ``is_cell_code(filename)`` tells which code objects are cells (IPython: the files of its
+    compile cache). Use ``start()``/``close()``, and ``cell(...)`` or ``begin``/``finish`` per
+    cell.
+    """
+
+    def __init__(self, is_cell_code: Callable[[str], bool] = _is_exec_source) -> None:
+        self._rule = _CaptureRule(is_cell_code)
+        self._records: dict[str, CellRecord] = {}
+        self._outside = CellRecord("", "outside cells", has_key=False)
+        self._run: CellRecord | None = None
+        self._previous: CellRecord | None = None
+        self._depth = 0
+        self._evicted: list[tuple[library_hooks.Registration, CellRecord]] = []
+        # (new def, previous identical def, its record): C++ definitions taken over in place
+        self._adopted: list[tuple[Any, Any, CellRecord]] = []
+        self._stashes: dict[str, Any] = {}  # cached torch.ops packets of replaced definitions
+        self._reverted: list[custom_op_state.CustomOpChange] = []
+        self._states: dict[int, tuple[Any, dict]] = {}
+        self._namespace: dict[str, Any] | None = None
+        self._bindings: dict[str, Any] = {}
+        self._held: list[Any] = []  # recorded Libraries, kept alive while a cell runs
+        self._anonymous = itertools.count(1)
+        self._sequence = itertools.count(1)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> Session:
+        """Begin routing torch.library registrations to this session (one per process)."""
+        global _active
+        if _active is not None:
+            raise OpmagicError(
+                "An opmagic session is already running in this process; close it first "
+                "(%unload_ext opmagic) before starting another."
+            )
+        library_hooks.install_registration_hooks(self)
+        _active = self
+        return self
+
+    def close(self) -> None:
+        """Remove everything the session registered and stop routing registrations."""
+        global _active
+        if self._run is not None:
+            self._depth = 0
+            self.finish(success=True)
+        try:
+            for record in [*reversed(self._records.values()), self._outside]:
+                self._teardown(record, revert=True)
+            self._records.clear()
+        finally:
+            library_hooks.remove_registration_hooks()
+            _active = None
+
+    @contextlib.contextmanager
+    def cell(
+        self, key: str | None = None, label: str | None = None, namespace: dict | None = None
+    ) -> Iterator[None]:
+        """Run the body as one cell: kept when it succeeds, rolled back when it raises."""
+        self.begin(key, label, namespace)
+        try:
+            yield
+        except BaseException:
+            self.finish(success=False)
+            raise
+        self.finish(success=True)
+
+    def begin(
+        self, key: str | None, label: str | None = None, namespace: dict | None = None
+    ) -> None:
+        """A cell starts. ``key`` identifies the cell across runs (``None``: a new cell).
+
+        ``namespace`` (the user namespace) lets a failed run rebind names that it pointed
+        at its new custom ops back to the previous ones.
+        """
+        if self._run is not None:  # a cell run from inside a cell belongs to the outer cell
+            self._depth += 1
+            return
+        has_key = key is not None
+        key = key if key is not None else f"#{next(self._anonymous)}"
+        previous = self._records.get(key)
+        self._previous, self._evicted, self._reverted = previous, [], []
+        if previous is not None:
+            for registration in previous.registrations:
+                if registration.kind not in ("def", "namespace") and registration.applied:
+                    self._evict(registration, previous)
+            self._reverted = previous.changes
+            for change in reversed(self._reverted):
+                change.revert()
+        self._states = custom_op_state.custom_op_states()
+        self._namespace = namespace
+        self._bindings = (
+            {k: v for k, v in namespace.items() if _is_registering_object(v)}
+            if namespace is not None
+            else {}
+        )
+        # a cell that rebinds a Library name must not destroy what a rollback restores
+        self._held = [lib for record in self._records.values() for lib in record.live_libraries()]
+        self._run = CellRecord(key, label or key, has_key)
+
+    def finish(self, success: bool) -> None:
+        """The cell ended: keep its registrations (``success``) or roll it back."""
+        if self._depth:
+            self._depth -= 1
+            return
+        if self._run is None:
+            return
+        try:
+            if success:
+                self._commit()
+            else:
+                self._rollback()
+        finally:
+            self._run = self._previous = self._namespace = None
+            self._evicted, self._reverted, self._states, self._bindings = [], [], {}, {}
+            self._held, self._adopted, self._stashes = [], [], {}
+
+    # ---------------------------------------------------------------- for other front ends
+
+    def track(self, handle: Any, description: str | None = None) -> Any:
+        """Close ``handle`` (anything with ``close()``) when its cell is re-run or rolled back.
+
+        Called while a cell runs, the handle belongs to that cell: it is closed when the
+        cell runs again and succeeds, when the run that tracked it fails, or at
+        ``close()``. Outside a cell it is closed at ``close()``. ``%opmagic session`` shows
+        ``description``, else the handle's own ``description`` attribute, else ``str(handle)``.
+        Returns ``handle``.
+        """
+        record = self._run if self._run is not None else self._outside
+        description = description or getattr(handle, "description", None) or str(handle)
+        record.handles.append(TrackedHandle(handle, description))
+        return handle
+
+    def superseded_handles(self) -> list[Any]:
+        """Open handles tracked by the previous run of the running cell.
+
+        A front end that must free one before making its replacement (e.g. a C++ library
+        that defines the same operators) closes it with :meth:`release`; it then stays
+        closed even if the new run fails.
+        """
+        if self._previous is None:
+            return []
+        return [t.handle for t in self._previous.handles if t.is_open]
+
+    def release(self, handle: Any) -> None:
+        """Close a tracked handle now and forget it."""
+        records = [*self._records.values(), self._outside, self._previous, self._run]
+        for record in [r for r in records if r is not None]:
+            for tracked in record.handles:
+                if tracked.handle is handle:
+                    tracked.close()
+                    record.handles.remove(tracked)
+                    return
+        raise OpmagicError(f"{handle!r} is not tracked by this session.")
+
+    # ---------------------------------------------------------------- queries
+
+    def records(self) -> list[CellRecord]:
+        """The cells whose registrations are in effect, oldest first."""
+        return list(self._records.values())
+
+    def displaced(self) -> list[str]:
+        """What of other cells the running cell has replaced so far, for its summary."""
+        run, previous = self._run, self._previous
+        notes = [
+            f"replaced cell {owner.label}'s {registration.describe()}"
+            for registration, owner in self._evicted
+            if owner is not run and owner is not previous
+        ]
+        defined = {op for kind, op in run.defined if kind == "def"} if run else set()
+        notes += [
+            f"dropped cell {record.label}'s {change.describe()} (re-run that cell to add it again)"
+            for record in self._records.values()
+            if record is not previous
+            for change in record.changes
+            if change.qualname in defined
+        ]
+        return notes
+
+    def owns_definition(self, qualname: str) -> bool:
+        """Whether the session made the definition of ``ns::name`` (any overload)."""
+        return any(
+            r.kind == "def" and (r.op == qualname or r.op.startswith(qualname + "."))
+            for _, r in self._applied()
+        )
+
+    def report(self) -> SessionReport:
+        """What each cell registered, an operator per line, for display."""
+        cells = []
+        for record in [*self._records.values(), self._outside]:
+            items = _grouped(r for r in record.registrations if r.applied)
+            items += [(c.describe(), "") for c in record.changes]
+            items += [
+                (f"Library({lib.ns!r}, {lib.kind!r})", "")
+                for lib in record.live_libraries()
+                if not library_hooks.is_torch_held_library(lib)
+            ]
+            items += [(t.description, "") for t in record.handles if t.is_open]
+            if items or record.notes:
+                notes = tuple(record.notes)
+                cells.append(CellReport(record.label, record.key, tuple(items), notes))
+        return SessionReport(tuple(cells))
+
+    # ---------------------------------------------------------------- the router (see _torch)
+
+    def capture_site(self) -> Site | None:
+        """Where the registration being made now comes from, if a running cell makes it."""
+        if self._run is None:
+            return None
+        override = _site_override.get()
+        if override is not None:
+            return override
+        return self._rule.site(sys._getframe(1))
+
+    def make_room(self, registration: library_hooks.Registration) -> Callable[[bool], None]:
+        """Evict what ``registration`` replaces; the returned callable gets whether it applied.
+
+        Evicted registrations come back if the registration fails, or the cell does.
+        Defining an operator again replaces every registration other cells made on it. An
+        identical definition is adopted instead of made again: the operator's dispatcher
+        entry, and every OpOverload pointing at it, stay as they are. A changed one lets the
+        entry go, as torch does, after putting its cached OpOverloads aside for a rollback.
+        """
+        run = self._run
+        assert run is not None
+        if (
+            not isinstance(registration, library_hooks.DispatcherRegistration)
+            or registration.kind != "def"
+        ):
+            identity = registration.identity
+            return self._evict_for(
+                [(rec, r) for rec, r in self._applied() if r.identity == identity]
+            )
+        op = registration.op
+        definition = registration.definition  # a bad schema raises before anything is evicted
+        self._forget_custom_op(op)
+        redefines = any(r.kind == "def" and r.op == op and r.applied for r in run.registrations)
+        on_op = [(rec, r) for rec, r in self._applied() if r.op == op]
+        others = [(rec, r) for rec, r in on_op if rec is not run or redefines]
+        previous = next((pair for pair in others if pair[1].kind == "def"), None)
+        if previous is None:
+            return self._evict_for(others)
+        owner, previous_def = previous
+        assert isinstance(previous_def, library_hooks.DispatcherRegistration)
+        if previous_def.definition == definition:
+            registration.adopt(previous_def)
+            adopted = (registration, previous_def, owner)
+            self._adopted.append(adopted)
+            return self._evict_for([pair for pair in others if pair is not previous], adopted)
+        own = [(rec, r) for rec, r in on_op if rec is run and not redefines]
+        self._stashes.setdefault(op, library_hooks.take_cached_overloads(op))
+        return self._evict_for(others + own, reapply_after=own)
+
+    def _evict_for(
+        self,
+        victims: list[tuple[CellRecord, library_hooks.Registration]],
+        adopted: tuple | None = None,
+        reapply_after: Sequence[tuple[CellRecord, library_hooks.Registration]] = (),
+    ) -> Callable[[bool], None]:
+        """Evict ``victims``; returns what to call once the replacing registration is done."""
+        for record, victim in victims:
+            self._evict(victim, record)
+
+        def release(applied: bool) -> None:
+            """Bring back the victims (all when the replacement failed, else ``reapply_after``)."""
+            again = reapply_after if applied else victims
+            for record, victim in sorted(again, key=lambda pair: pair[1].seq):
+                victim.reapply()
+                self._evicted.remove((victim, record))
+            if not applied and adopted is not None:
+                adopted[0].give_back(adopted[1])
+                self._adopted.remove(adopted)
+            if not applied and victims:
+                self._restore_stashes([r.op for _, r in victims if r.kind == "def"])
+
+        return release
+
+    def _forget_custom_op(self, op: str) -> None:
+        """A plain define replaces a custom op: torch must stop routing to its CustomOpDef."""
+        run = self._run
+        assert run is not None
+        opdef = custom_op_state.custom_op_def(op)
+        if op not in run.custom_op_entries and opdef is not None:
+            run.custom_op_entries[op] = (opdef, custom_op_state.custom_op_library(op))
+            custom_op_state.set_custom_op_entry(op, None, None)
+
+    def _restore_stashes(self, ops: Iterable[str]) -> None:
+        """Re-created entries get the OpOverload objects that pointed at them before."""
+        for op in ops:
+            packet = self._stashes.pop(op, None)
+            if packet is not None:
+                library_hooks.restore_cached_overloads(op, packet)
+
+    def added(self, registration: library_hooks.Registration) -> None:
+        """Record a registration the running cell made."""
+        assert self._run is not None
+        registration.seq = next(self._sequence)
+        self._run.registrations.append(registration)
+        if registration.kind in ("def", "namespace"):
+            self._run.defined.add((registration.kind, registration.op))
+
+    def library_created(self, library: Any) -> None:
+        """Record a Library the running cell created; it is destroyed with the run."""
+        assert self._run is not None
+        self._run.libraries.append(weakref.ref(library))
+
+    def custom_op_replacing(self, qualname: str, library: Any, opdef: Any) -> None:
+        """Allow ``custom_op`` to redefine session operators only."""
+        assert self._run is not None
+        foreign = (
+            library is not None
+            and library.m is not None
+            and not self.owns_definition(qualname)
+            and dispatcher.find_schema(qualname, "") is not None
+        )
+        if foreign:
+            raise ForeignOperatorError(foreign_operator_message(qualname))
+        self._run.custom_op_entries.setdefault(qualname, (opdef, library))
+
+    # ---------------------------------------------------------------- internals
+
+    def _applied(self) -> Iterator[tuple[CellRecord, library_hooks.Registration]]:
+        """Every registration in effect, with the record of the run that made it."""
+        for record in [*self._records.values(), self._outside, self._run]:
+            if record is not None:
+                for registration in record.registrations:
+                    if registration.applied:
+                        yield record, registration
+
+    def _evict(self, registration: library_hooks.Registration, owner: CellRecord) -> None:
+        """Remove a registration for the running cell, remembering it for a rollback."""
+        registration.remove()
+        self._evicted.append((registration, owner))
+
+    def _commit(self) -> None:
+        """The cell succeeded: drop for good what it replaced, and record what it made."""
+        run, previous = self._run, self._previous
+        assert run is not None
+        run.changes = custom_op_state.custom_op_changes(self._states)
+        for qualname in run.custom_op_entries:
+            opdef = custom_op_state.custom_op_def(qualname)
+            if opdef is not None:
+                run.created_opdefs[qualname] = weakref.ref(opdef)
+        run.notes.extend(self.displaced())
+        replaced = [(old, owner) for _, old, owner in self._adopted] + self._evicted
+        for registration, owner in replaced:
+            if registration in owner.registrations:
+                owner.registrations.remove(registration)
+            registration.discard()
+        if previous is not None:
+            self._records.pop(previous.key, None)
+            self._teardown(previous, revert=False)
+        if not run.has_key and run.defined:
+            for record in list(self._records.values()):
+                if not record.has_key and record.defined and record.defined <= run.defined:
+                    del self._records[record.key]
+                    self._teardown(record, revert=True)
+        changed = {(id(c.opdef()), c.part) for c in run.changes}
+        for record in list(self._records.values()):
+            # registrations whose Library was destroyed or collected are gone already
+            record.registrations = [r for r in record.registrations if r.state != "dead"]
+            record.changes = [
+                c for c in record.changes if c.current and (id(c.opdef()), c.part) not in changed
+            ]
+            if record.empty:
+                del self._records[record.key]
+                self._teardown(record, revert=True)
+        if not run.empty:
+            self._records[run.key] = run
+
+    def _rollback(self) -> None:
+        """The cell failed: remove what it registered and bring back what it replaced."""
+        run = self._run
+        assert run is not None
+        changes = custom_op_state.custom_op_changes(self._states)
+        created = {id(library) for library in run.live_libraries()}
+        adopted = {id(new): old for new, old, _ in self._adopted}
+        defined = set()
+        for registration in reversed(run.registrations):
+            if id(registration) in adopted:
+                registration.give_back(adopted[id(registration)])
+                continue
+            if registration.kind == "def" and registration.applied:
+                defined.add(registration.op)
+            registration.discard()
+        dispatcher.refresh_operators(defined)  # objects made for the failed run's definitions
+        for change in reversed(changes):
+            change.revert()
+        self._release_resources(run)
+        self._restore_bindings(created)  # only now: the run's Libraries must outlive give_back
+        for qualname, (opdef, library) in run.custom_op_entries.items():
+            custom_op_state.set_custom_op_entry(qualname, opdef, library)
+        for registration, owner in sorted(self._evicted, key=lambda pair: pair[0].seq):
+            if owner is not run:
+                registration.reapply()
+        self._restore_stashes(list(self._stashes))
+        for change in self._reverted:
+            change.reapply()
+
+    def _restore_bindings(self, created: set[int]) -> None:
+        """Names the failed run bound to its new custom ops and Libraries (``created``: ids of
+        the Libraries) get their previous values."""
+        namespace = self._namespace
+        if namespace is None:
+            return
+        for name, value in list(namespace.items()):
+            new_opdef = custom_op_state.is_custom_op_def(value) and id(value) not in self._states
+            if new_opdef or id(value) in created:
+                if name in self._bindings:
+                    namespace[name] = self._bindings[name]
+                else:
+                    del namespace[name]
+
+    def _teardown(self, record: CellRecord, revert: bool) -> None:
+        """Undo everything a run left in effect."""
+        refreshed = {r.op for r in record.registrations if r.kind == "def" and r.applied}
+        for registration in reversed(record.registrations):
+            registration.discard()
+        record.registrations.clear()
+        if revert:
+            for change in reversed(record.changes):
+                change.revert()
+        record.changes = []
+        for qualname, opdef_ref in record.created_opdefs.items():
+            opdef = opdef_ref()
+            if opdef is not None and custom_op_state.custom_op_def(qualname) is opdef:
+                library = custom_op_state.custom_op_library(qualname)
+                custom_op_state.set_custom_op_entry(qualname, None, library)
+        self._release_resources(record)
+        dispatcher.refresh_operators(refreshed)
+
+    @staticmethod
+    def _release_resources(record: CellRecord) -> None:
+        """Destroy the run's Library objects and close the handles it tracked."""
+        for library in record.live_libraries():
+            library_hooks.destroy_library(library)
+        record.libraries.clear()
+        for tracked in reversed(record.handles):
+            tracked.close()
+
+
+def _is_registering_object(value: Any) -> bool:
+    """A CustomOpDef or a Library: what a failed cell's rebinding of a name must not lose."""
+    return custom_op_state.is_custom_op_def(value) or library_hooks.is_library(value)
+
+
+def _grouped(registrations: Iterator[library_hooks.Registration]) -> list[tuple[str, str]]:
+    """One ``(what, where)`` row per operator: its registrations' kinds and their sites."""
+    rows: dict[str, tuple[list[str], list[str]]] = {}
+    for registration in registrations:
+        parts, sites = rows.setdefault(registration.op or "(every operator)", ([], []))
+        parts.append(registration.summary())
+        site = label_location(*registration.site)
+        if site not in sites:
+            sites.append(site)
+    return [(f"{op}: {', '.join(parts)}", "; ".join(sites)) for op, (parts, sites) in rows.items()]
+
+
+def foreign_operator_message(qualname: str) -> str:
+    """Why opmagic will not redefine an operator defined outside the session."""
+    name = qualname.split("::", 1)[1]
+    return (
+        f"{qualname} is already defined outside this opmagic session (by code run before "
+        "%load_ext opmagic, by an imported module, or by torch), so a cell may not redefine "
+        "it: the session could not restore it on re-run or %unload_ext. Choose "
+        f"another name (e.g. mylib::{name}); to add kernels to an existing operator, use "
+        "torch.library.register_kernel or register_fake in a cell."
+    )

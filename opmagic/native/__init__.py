@@ -1,0 +1,39 @@
+"""Turning C++ source into a loaded library: cache, compiler, precompiled headers, loading.
+
+Usable without IPython: :func:`compile_library` (C++), :func:`compile_cuda_library` (CUDA
+full path) and :func:`compile_cuda_kernels` (NVRTC quick path) are the API; the
+``%%torch_library`` and ``%%cuda_kernel`` magics are fronts on them.
+"""
+
+from .cache import cache_root
+from .cuda.launcher import CudaKernel, cdiv
+from .cuda.library import compile_cuda_library
+from .cuda.nvrtc import CudaKernels, compile_cuda_kernels
+from .diagnostics import Diagnostic
+from .headers import HEADER_SETS, HeaderSet
+from .library import DEFAULT_OPT_LEVEL, BuildInfo, LoadedLibrary, compile_library
+from .loader import Block
+from .progress import BuildProgress, StderrProgress, stderr_progress
+from .registrations import NewKernel, NewOperator
+
+__all__ = [
+    "DEFAULT_OPT_LEVEL",
+    "HEADER_SETS",
+    "Block",
+    "BuildInfo",
+    "BuildProgress",
+    "CudaKernel",
+    "CudaKernels",
+    "Diagnostic",
+    "HeaderSet",
+    "LoadedLibrary",
+    "NewKernel",
+    "NewOperator",
+    "StderrProgress",
+    "cache_root",
+    "cdiv",
+    "compile_cuda_kernels",
+    "compile_cuda_library",
+    "compile_library",
+    "stderr_progress",
+]

@@ -1,0 +1,90 @@
+"""Every dispatcher shim in opmagic/_torch/dispatcher.py, one test each.
+
+When a torch release changes a private API, the failing test names the shim to update.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from opmagic._torch import dispatcher
+
+
+def test_keyset_helpers():
+    full = dispatcher.full_keyset_raw()
+    names = dispatcher.keyset_names(full)
+    assert {"CPU", "AutogradCPU", "Python", "PythonDispatcher"} <= set(names)
+    assert dispatcher.num_backends() >= 16
+    assert dispatcher.keyset_names(0) == []
+    assert dispatcher.single_key_raw("Python") and dispatcher.single_key_raw("NoSuchKey") is None
+    assert dispatcher.full_after_raw("Python") & dispatcher.single_key_raw("BackendSelect")
+    assert not dispatcher.full_after_raw("Python") & dispatcher.single_key_raw("Python")
+
+
+def test_redispatch_masks():
+    backend_bits = (1 << dispatcher.num_backends()) - 1
+    autograd_cpu = dispatcher.single_key_raw("AutogradCPU") & ~backend_bits
+    ad_inplace_or_view = dispatcher.single_key_raw("ADInplaceOrView")
+    assert not dispatcher.after_autograd_raw() & autograd_cpu
+    assert dispatcher.after_autograd_raw() & ad_inplace_or_view
+    assert not dispatcher.after_ad_inplace_or_view_raw() & ad_inplace_or_view
+
+
+def test_alias_and_device_helpers():
+    assert dispatcher.is_alias_key("CompositeImplicitAutograd")
+    assert not dispatcher.is_alias_key("CPU")
+    assert dispatcher.dispatch_key_for_device("cpu") == "CPU"
+    assert dispatcher.dispatch_key_for_device("meta") == "Meta"
+
+
+def test_thread_local_state():
+    python = dispatcher.single_key_raw("Python")
+    assert not dispatcher.tls_included_raw() & python
+    with FakeTensorMode() as mode:
+        assert dispatcher.tls_included_raw() & python
+        assert dispatcher.dispatch_modes() == [mode]
+        assert dispatcher.is_fake_mode(mode)
+        assert dispatcher.is_fake_tensor_type(type(mode.from_tensor(torch.randn(1))))
+    assert dispatcher.dispatch_modes() == []
+    autocast_cpu = dispatcher.single_key_raw("AutocastCPU")
+    assert dispatcher.tls_excluded_raw() & autocast_cpu
+    with torch.autocast("cpu"):
+        assert not dispatcher.tls_excluded_raw() & autocast_cpu
+    assert dispatcher.autograd_fallback_mode() in ("nothing", "warn", "error")
+    assert not dispatcher.is_fake_tensor_type(torch.Tensor) and issubclass(FakeTensor, torch.Tensor)
+
+
+def test_tensor_keys_and_functorch():
+    x = torch.randn(2)
+    assert "AutogradCPU" in dispatcher.keyset_names(dispatcher.tensor_keyset_raw(x))
+    assert dispatcher.functorch_layers() == [] and dispatcher.batched_level(x) is None
+
+    def inside(batched):
+        assert dispatcher.functorch_layers() == [("Vmap", 1)]
+        assert dispatcher.batched_level(batched) == 1
+        assert dispatcher.unwrap_functorch(batched).shape == (3, 2)
+        return batched
+
+    torch.vmap(inside)(torch.randn(3, 2))
+
+    def graded(t):
+        assert dispatcher.is_grad_wrapper(t)
+        return t.sum()
+
+    torch.func.grad(graded)(torch.randn(2))
+    functional = torch._to_functional_tensor(x)
+    assert dispatcher.is_functional_tensor(functional) and not dispatcher.is_functional_tensor(x)
+    assert dispatcher.unwrap_functional(functional) is not functional
+
+
+def test_operator_queries():
+    assert "aten::add.Tensor" in dispatcher.all_op_names()
+    assert "CPU: registered at" in dispatcher.dump_table("aten::add.Tensor")
+    assert "schema: aten::add.Tensor" in dispatcher.dump_registrations("aten::add.Tensor")
+    assert "aten::add.Tensor" in dispatcher.registrations_for_key("CPU")
+    assert dispatcher.registrations_for_key("QuantizedHIP") == []  # torch cannot parse that name
+    assert str(dispatcher.find_schema("aten::add", "Tensor")).startswith("aten::add.Tensor(")
+    assert dispatcher.find_schema("aten::add", "nope") is None
+    x = torch.randn(1)
+    assert dispatcher.select_overload("aten::add", (x, x), {}) == "Tensor"

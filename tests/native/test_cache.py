@@ -1,0 +1,170 @@
+"""The build cache: private to its user, locks that cannot go stale, builds that are atomic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from opmagic.errors import CacheDirectoryError
+from opmagic.native import compile_library
+from opmagic.native.cache import BuildCache
+
+from .sources import op_source
+
+ROOT = Path(__file__).resolve().parents[2]
+# builds `source` (stdin) in a child process once the file argv[2] exists (so that several
+# children start at the same moment); reports its progress steps in the file argv[1]
+_CHILD = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from opmagic.native import compile_library
+    source = sys.stdin.read()
+    steps = open(sys.argv[1], "a", buffering=1)
+    def progress(event):
+        steps.write(event.step + "\\n")
+    steps.write("ready\\n")
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.01)
+    library = compile_library(source, progress=progress)
+    print(json.dumps({"cached": library.build.cached, "ops": [o.name for o in library.operators]}))
+    """
+)
+
+
+def _child(source: str, steps: Path, go: Path) -> subprocess.Popen:
+    """A process that builds ``source`` once ``go`` exists, logging its steps to ``steps``."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(steps), str(go)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    process.stdin.write(source)
+    process.stdin.close()
+    return process
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch) -> Path:
+    """An empty XDG cache home of this test alone."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path / "opmagic"
+
+
+def test_the_cache_is_created_private(cache_root):
+    BuildCache()
+    assert cache_root.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_cache_others_can_write_to_is_refused(cache_root):
+    cache_root.mkdir(mode=0o700)
+    cache_root.chmod(0o777)
+    with pytest.raises(CacheDirectoryError, match=r"writable by other users.*chmod 700"):
+        BuildCache()
+
+
+def test_a_cache_others_can_only_read_is_made_private(cache_root):
+    cache_root.mkdir(mode=0o755)
+    cache_root.chmod(0o755)
+    BuildCache()
+    assert cache_root.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_symlinked_cache_is_refused(cache_root, tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    cache_root.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(CacheDirectoryError, match="not a plain directory"):
+        BuildCache()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another user needs root")
+def test_a_cache_of_another_user_is_refused(cache_root):
+    cache_root.mkdir(mode=0o700)
+    os.chown(cache_root, 4242, -1)
+    with pytest.raises(CacheDirectoryError, match="belongs to uid 4242"):
+        BuildCache()
+
+
+def test_a_lock_waits_for_its_holder_and_dies_with_it(cache_root):
+    cache = BuildCache()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from opmagic.native.cache import BuildCache\n"
+            "with BuildCache().locked('key'):\n"
+            "    print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert holder.stdout.readline().strip() == "held"
+    waits: list[str] = []
+
+    def kill_on_first_wait(pid: str) -> None:
+        """Kill the holder the first time the lock is found held."""
+        waits.append(pid)
+        if len(waits) == 1:
+            holder.send_signal(signal.SIGKILL)
+
+    with cache.locked("key", kill_on_first_wait):
+        pass
+    holder.wait()
+    assert waits[0] == str(holder.pid)
+
+
+@pytest.mark.slow
+def test_a_build_killed_mid_compile_leaves_nothing_that_blocks_the_next(build_cache, tmp_path):
+    source = op_source("cache_killed")
+    steps, go = tmp_path / "steps", tmp_path / "go"
+    go.touch()
+    child = _child(source, steps, go)
+    _wait_for(lambda: steps.exists() and "compiling" in steps.read_text())
+    child.send_signal(signal.SIGKILL)  # the compiler it started is orphaned, still running
+    child.wait()
+
+    started = time.monotonic()
+    library = compile_library(source, progress=None)
+    try:
+        assert not library.build.cached  # the killed build published nothing
+        assert time.monotonic() - started < 60
+        assert torch.ops.cache_killed.scale(torch.ones(1)).item() == 2.0
+        scratch = build_cache / "opmagic" / "v1" / "tmp"
+        assert not list(scratch.glob(f"{library.key}-*"))  # the killed build's dir is gone
+    finally:
+        library.close()
+
+
+@pytest.mark.slow
+def test_two_processes_building_the_same_source_build_it_once(build_cache, tmp_path):
+    source = op_source("cache_twice")
+    go = tmp_path / "go"
+    steps = [tmp_path / f"steps{i}" for i in range(2)]
+    children = [_child(source, path, go) for path in steps]
+    _wait_for(lambda: all(path.exists() and "ready" in path.read_text() for path in steps))
+    go.touch()  # both call compile_library now; the build takes seconds, so they overlap
+    reports = [json.loads(child.stdout.read()) for child in children]
+    assert all(child.wait() == 0 for child in children)
+    assert all(report["ops"] == ["cache_twice::scale"] for report in reports)
+    assert sorted(report["cached"] for report in reports) == [False, True]
+    waited = [path for path in steps if "waiting for pid" in path.read_text()]
+    assert len(waited) == 1  # the one that found the build in the cache had waited for it

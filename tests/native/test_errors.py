@@ -1,0 +1,188 @@
+"""Every bad input gives one clear error, and the previous good version stays registered."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+
+import pytest
+import torch
+
+from opmagic import compile_library
+from opmagic.errors import (
+    BuildOptionError,
+    CompileError,
+    CompilerNotFoundError,
+    LoadError,
+    MissingHeadersError,
+    RegistrationError,
+    ToolchainError,
+)
+from opmagic.native import library as library_module
+from opmagic.native.toolchain import find_toolchain
+
+from .sources import MINIMAL_INCLUDES, op_source
+
+
+def test_a_compile_error_points_at_the_line_and_keeps_the_previous_version(loaded):
+    good = compile_library(op_source("err_compile"), label="cell [7]", first_line=2, progress=None)
+    loaded.append(good)
+    broken = op_source(
+        "err_compile", kernel="at::Tensor scale(const at::Tensor& x) { return x.mul(2) }"
+    )
+    with pytest.raises(CompileError) as caught:
+        compile_library(broken, replace=good, label="cell [7]", first_line=2, progress=None)
+    error = caught.value
+    message = str(error)
+    assert message.startswith("liberr_compile.so: compile error at cell [7], line 9:")
+    assert "expected ';' before '}' token" in message
+    assert re.search(
+        r">\s+9 \| at::Tensor scale\(const at::Tensor& x\) \{ return x.mul\(2\) \}", message
+    )
+    assert error.diagnostics[0].user_line == 8 and error.diagnostics[0].in_source
+    assert "-c err_compile.cpp" in error.command and "error:" in error.log
+    html = error._repr_html_()
+    assert "<details>" in html and "#ffebee" in html  # highlighted line, collapsed log
+    assert error._render_traceback_() == [f"CompileError: {message}"]
+    assert not good.closed and torch.ops.err_compile.scale(torch.ones(1)).item() == 2.0
+
+
+def test_an_error_inside_torch_headers_points_at_the_user_line_that_caused_it(loaded):
+    source = op_source("err_template", kernel="int scale = 3;")  # m.impl("scale", 3)
+    with pytest.raises(CompileError) as caught:
+        compile_library(source, progress=None)
+    first = next(d for d in caught.value.diagnostics if d.is_error)
+    assert not first.in_source and first.user_line == 11  # the m.impl line
+    assert "[reported in " in str(caught.value) and re.search(r">\s+11 \|", str(caught.value))
+
+
+def test_an_unknown_dispatch_key_is_named_with_close_matches(loaded):
+    source = op_source("err_key").replace("(err_key, CPU, m)", "(err_key, CPUU, m)")
+    with pytest.raises(CompileError) as caught:
+        compile_library(source, progress=None)
+    message = str(caught.value)
+    assert "compile error at err_key.cpp, line 10" in message
+    assert "hint: CPUU is not a dispatch key (did you mean CPU" in message
+    assert "hint: CPUU is not a dispatch key" in caught.value._repr_html_()
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(
+            '  m.def("scale(Tensor x) -> Tensor");\n  m.def("scale(Tensor x) -> Tensor");',
+            "with the same name and overload name multiple times",
+            id="duplicate-op",
+        ),
+        pytest.param(
+            '  m.def("scale(Tensor x) -> Tensorr");',
+            "unknown type specifier",
+            id="bad-schema",
+        ),
+    ],
+)
+def test_a_registration_error_names_the_block_and_keeps_the_previous_version(
+    loaded, body, expected
+):
+    good = compile_library(op_source("err_reg"), label="cell [2]", first_line=2, progress=None)
+    loaded.append(good)
+    source = op_source("err_reg").replace('  m.def("scale(Tensor x) -> Tensor");', body)
+    with pytest.raises(RegistrationError) as caught:
+        compile_library(source, replace=good, label="cell [2]", first_line=2, progress=None)
+    message = str(caught.value)
+    assert message.startswith("cell [2], line 5: ")  # the TORCH_LIBRARY block
+    assert expected in message
+    assert "The previous version (cell [2]) is registered again." in message
+    assert caught.value.line == 4
+    assert not good.closed and torch.ops.err_reg.scale(torch.ones(1)).item() == 2.0
+
+
+def test_a_second_library_defining_a_namespace_is_refused_with_both_sites(loaded):
+    first = compile_library(op_source("err_twice"), label="cell [1]", first_line=2, progress=None)
+    loaded.append(first)
+    other = op_source("err_twice", kernel="at::Tensor scale(const at::Tensor& x) { return x; }")
+    with pytest.raises(RegistrationError) as caught:
+        compile_library(other, label="cell [5]", first_line=2, progress=None)
+    message = str(caught.value)
+    assert "Only a single TORCH_LIBRARY can be used to register the namespace err_twice" in message
+    assert "registered at cell [1], line 5" in message and "cell [5], line 5" in message
+    assert torch.ops.err_twice.scale(torch.ones(1)).item() == 2.0
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        pytest.param(
+            {"extra_cflags": ["-fno-such-flag"]},
+            r"compile error at err_flags.cpp:\n  unrecognized command-line option '-fno-such-flag'",
+            id="compiler-flag",
+        ),
+        pytest.param(
+            {"extra_ldflags": ["-lno_such_library"]},
+            r"link error:\n  \S*ld\S*: (error: )?cannot find -lno_such_library",  # bfd or gold
+            id="linker-flag",
+        ),
+    ],
+)
+def test_a_bad_flag_is_named(loaded, options, expected):
+    with pytest.raises(CompileError) as caught:
+        compile_library(op_source("err_flags"), progress=None, **options)
+    assert re.search(expected, str(caught.value))
+
+
+def test_an_undefined_symbol_is_a_load_error_with_the_cpp_name(loaded):
+    source = op_source(
+        "err_symbol",
+        kernel="at::Tensor helper(const at::Tensor& x);\n"
+        "at::Tensor scale(const at::Tensor& x) { return helper(x); }",
+    )
+    with pytest.raises(LoadError, match=r"undefined symbol helper\(at::Tensor const&\)"):
+        compile_library(source, progress=None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        pytest.param({"source": "   \n"}, "The source is empty", id="empty"),
+        pytest.param({"name": "my-lib"}, "must be a C identifier", id="name"),
+        pytest.param({"opt_level": 5}, "Unknown optimisation level 5", id="opt-level"),
+        pytest.param({"extra_cflags": ["-O2", 3]}, "extra_cflags must be strings", id="flags"),
+        pytest.param({"first_line": 0}, "first_line must be a positive", id="first-line"),
+        pytest.param({"include_dirs": ["/no/such/dir"]}, "not found: /no/such/dir", id="include"),
+        pytest.param({"extra_cflags": "-O2 -D"}, "ends with -D and no macro", id="define"),
+    ],
+)
+def test_bad_arguments_are_refused_before_building(kwargs, expected):
+    arguments = {"source": op_source("err_args"), "progress": None, **kwargs}
+    with pytest.raises(BuildOptionError, match=expected):
+        compile_library(**arguments)
+
+
+def test_a_source_without_registration_blocks_is_refused(loaded):
+    with pytest.raises(RegistrationError, match="defines no TORCH_LIBRARY"):
+        compile_library(MINIMAL_INCLUDES + "int answer() { return 42; }\n", progress=None)
+
+
+def test_a_missing_compiler_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    with pytest.raises(CompilerNotFoundError, match="apt-get install g\\+\\+"):
+        compile_library(op_source("err_cxx"), progress=None)
+    monkeypatch.delenv("CXX")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(CompilerNotFoundError, match="No C\\+\\+ compiler found"):
+        compile_library(op_source("err_cxx"), progress=None)
+
+
+def test_other_platforms_are_refused_with_a_reason(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(ToolchainError, match=r"needs Linux .* this is darwin"):
+        compile_library(op_source("err_platform"), progress=None)
+
+
+def test_missing_python_headers_say_what_to_install(loaded, monkeypatch, tmp_path):
+    without_python_h = dataclasses.replace(find_toolchain(), python_include=str(tmp_path))
+    monkeypatch.setattr(library_module, "find_toolchain", lambda: without_python_h)
+    source = "#include <Python.h>\n" + op_source("err_python_h")
+    with pytest.raises(MissingHeadersError, match="apt-get install python3-dev"):
+        compile_library(source, precompiled_headers=False, progress=None)
