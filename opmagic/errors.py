@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .display import Displayable
+
 
 class OpmagicError(Exception):
     """Base class of every error opmagic raises on purpose."""
@@ -68,9 +70,10 @@ class CacheDirectoryError(BuildError):
     """The build cache directory is unsafe to load from (another owner, or open to others)."""
 
 
-class CompileError(BuildError):
+class CompileError(BuildError, Displayable):
     """The compiler rejected the source; the message shows the first error at its source line.
 
+    In a notebook it displays as the error beside its source line, the log folded below.
     ``diagnostics`` holds every parsed compiler message, ``log`` the full compiler output,
     ``command`` the command that failed; ``source``, ``label`` and ``first_line`` say which
     source it was and how the user numbers its lines.
@@ -94,12 +97,6 @@ class CompileError(BuildError):
         self.source = source
         self.label = label
         self.first_line = first_line
-
-    def _repr_html_(self) -> str:
-        """The first error with its source line highlighted and the full log collapsed."""
-        from .view.library import compile_error_html
-
-        return compile_error_html(self)
 
     def _render_traceback_(self) -> list[str]:
         """IPython shows this instead of a Python traceback: the error is in C++, not here."""

@@ -67,6 +67,11 @@ def is_alias_key(name: str) -> bool:
     return key is not None and _C._dispatch_is_alias_key(key)
 
 
+def dispatch_key_names() -> list[str]:
+    """Every name of the ``DispatchKey`` enum (runtime, alias and per-backend keys)."""
+    return list(_C.DispatchKey.__members__)
+
+
 def dispatch_key_for_device(device_type: str) -> str:
     """The Dense runtime key of a device type (``'cuda'`` -> ``'CUDA'``)."""
     return _C._dispatch_key_for_device(device_type)
@@ -169,6 +174,21 @@ def registrations_for_key(key: str) -> list[str]:
         return _C._dispatch_get_registrations_for_dispatch_key(key)
     except RuntimeError:  # torch cannot parse some per-backend names (e.g. QuantizedHIP)
         return []
+
+
+def operator_parts(op: Any) -> tuple[str, str, str | None] | None:
+    """``(namespace, name, overload)`` of an OpOverload (``""``: the default overload), of an
+    OpOverloadPacket (overload ``None``) or of what ``custom_op`` returns; else ``None``."""
+    custom = getattr(op, "_opoverload", None)
+    if isinstance(custom, torch._ops.OpOverload):
+        op = custom
+    if isinstance(op, torch._ops.OpOverload):
+        namespace, name = op._schema.name.split("::", 1)
+        return namespace, name, op._schema.overload_name
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        namespace, name = op._qualified_op_name.split("::", 1)
+        return namespace, name, None
+    return None
 
 
 def find_schema(qualname: str, overload: str) -> Any | None:

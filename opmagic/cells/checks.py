@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from .._torch import custom_op_state
+from ..display import Displayable
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class CheckRow:
 
 
 @dataclass(frozen=True)
-class CheckReport:
+class CheckReport(Displayable):
     """Every check run on one operator with one set of sample arguments."""
 
     op: str
@@ -39,19 +40,6 @@ class CheckReport:
         failed = sum(row.status == "FAIL" for row in self.rows)
         ran = sum(row.status != "skip" for row in self.rows)
         return f"{failed} of {ran} failed" if failed else f"{ran} passed"
-
-    def __str__(self) -> str:
-        from ..view.cells import check_text
-
-        return check_text(self)
-
-    def _repr_html_(self) -> str:
-        from ..view.cells import check_html
-
-        return check_html(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
 
 
 def check_op(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> CheckReport:

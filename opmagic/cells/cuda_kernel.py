@@ -32,6 +32,7 @@ import torch
 from .._torch import custom_op_state, dispatcher, library_hooks
 from ..dispatch import DispatchTable, dispatch_table
 from ..dispatch.sites import label_location
+from ..display import Displayable
 from ..errors import CellSourceError, ForeignOperatorError
 from ..native.cuda.launcher import cdiv
 from ..native.cuda.nvrtc import CudaKernels, compile_cuda_kernels
@@ -68,7 +69,7 @@ class CudaOp:
 
 
 @dataclass(eq=False)
-class CudaKernelResult:
+class CudaKernelResult(Displayable):
     """What a quick-path ``%%cuda_kernel`` cell made: its kernels and, with ``op``, the op."""
 
     kernels: CudaKernels
@@ -86,19 +87,6 @@ class CudaKernelResult:
         self.kernels.close()
         if self.op is not None and active_session() is None:
             self.op.close()
-
-    def __str__(self) -> str:
-        from ..view.cuda import result_text
-
-        return result_text(self)
-
-    def _repr_html_(self) -> str:
-        from ..view.cuda import result_html
-
-        return result_html(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self) if not cycle else "CudaKernelResult(...)")
 
 
 def cuda_kernel_from_source(

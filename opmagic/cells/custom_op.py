@@ -48,6 +48,7 @@ from .._torch import custom_op_state, dispatcher
 from ..dispatch import DispatchTable, dispatch_table
 from ..dispatch.ops import OpRef, overloads_of
 from ..dispatch.sites import label_location
+from ..display import Displayable
 from ..errors import CellSourceError, ForeignOperatorError, OperatorNameError
 from .checks import CheckReport, check_op
 from .session import active_session, foreign_operator_message, registration_site
@@ -68,7 +69,7 @@ class KernelRow:
 
 
 @dataclass(eq=False)
-class CustomOpResult:
+class CustomOpResult(Displayable):
     """What ``%%custom_op`` made: the op, its kernels per key, its dispatch table, checks."""
 
     op: Any  # the CustomOpDef, also bound in the namespace under ``function``
@@ -98,19 +99,6 @@ class CustomOpResult:
         table = dispatch_table(self.op)
         assert isinstance(table, DispatchTable)
         return table
-
-    def __str__(self) -> str:
-        from ..view.cells import custom_op_text
-
-        return custom_op_text(self)
-
-    def _repr_html_(self) -> str:
-        from ..view.cells import custom_op_html
-
-        return custom_op_html(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self) if not cycle else f"CustomOpResult({self.qualname})")
 
 
 @dataclass

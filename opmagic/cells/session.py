@@ -43,6 +43,7 @@ from typing import Any
 
 from .._torch import custom_op_state, dispatcher, library_hooks
 from ..dispatch.sites import label_location
+from ..display import Displayable
 from ..errors import ForeignOperatorError, OpmagicError
 
 Site = tuple[str, int]
@@ -133,23 +134,10 @@ class CellReport:
 
 
 @dataclass(frozen=True)
-class SessionReport:
+class SessionReport(Displayable):
     """What each cell of the session registered (``%opmagic session``)."""
 
     cells: tuple[CellReport, ...]
-
-    def __str__(self) -> str:
-        from ..view.cells import session_text
-
-        return session_text(self)
-
-    def _repr_html_(self) -> str:
-        from ..view.cells import session_html
-
-        return session_html(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
 
 
 class _CaptureRule:

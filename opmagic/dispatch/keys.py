@@ -12,8 +12,6 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-import torch
-
 from .._torch import dispatcher
 
 CATEGORIES = (
@@ -316,7 +314,7 @@ def _bit_of(raw: int | None) -> int:
 def _functionality_names(num_backends: int) -> dict[int, str]:
     """Map each per-backend functionality bit to its torch name (Dense, Sparse, ...)."""
     names: dict[int, str] = {}
-    for name in torch._C.DispatchKey.__members__:
+    for name in dispatcher.dispatch_key_names():
         raw = dispatcher.single_key_raw(name)
         if raw and raw >> num_backends and raw & ((1 << num_backends) - 1) == 0:
             functionality = raw >> num_backends

@@ -10,12 +10,15 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._torch import dispatcher
 from ..errors import NotAnOperatorError, UnknownOperatorError
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -42,7 +45,7 @@ class OpRef:
         """The same operator with one overload chosen."""
         return OpRef(self.namespace, self.name, overload)
 
-    def op_overload(self) -> torch._ops.OpOverload:
+    def op_overload(self) -> OpOverload:
         """The ``torch.ops`` object of this overload."""
         packet = getattr(getattr(torch.ops, self.namespace), self.name)
         return getattr(packet, self.overload or "default")
@@ -144,15 +147,9 @@ def _overload_label(overload: str) -> str:
 
 
 def _parse(op: Any) -> OpRef:
-    custom = getattr(op, "_opoverload", None)
-    if custom is not None and isinstance(custom, torch._ops.OpOverload):
-        op = custom
-    if isinstance(op, torch._ops.OpOverload):
-        namespace, name = op._schema.name.split("::", 1)
-        return OpRef(namespace, name, op._schema.overload_name)
-    if isinstance(op, torch._ops.OpOverloadPacket):
-        namespace, name = op._qualified_op_name.split("::", 1)
-        return OpRef(namespace, name, None)
+    parts = dispatcher.operator_parts(op)
+    if parts is not None:
+        return OpRef(*parts)
     if isinstance(op, str):
         return _parse_string(op)
     raise NotAnOperatorError(_not_an_operator_message(op))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._torch import custom_op_state, dispatcher, library_hooks
+from ..display import Displayable
 from .keys import KeyCatalogue, KeyInfo, catalogue
 from .ops import OpRef, op_ref, overloads_of
 from .sites import label_callable, label_site
@@ -111,7 +112,7 @@ class Registration:
 
 
 @dataclass(frozen=True)
-class DispatchTable:
+class DispatchTable(Displayable):
     """An operator's dispatch table: one entry per runtime key, in priority order."""
 
     op: str  # "ns::name" or "ns::name.overload"
@@ -133,48 +134,22 @@ class DispatchTable:
                 "'Autograd' are resolved into runtime keys (look at table.registrations)."
             ) from None
 
-    def entry(self, key: str) -> TableEntry:
-        """Same as ``table[key]``."""
-        return self[key]
-
     def kernels(self) -> list[TableEntry]:
         """Entries that run something: kernels, alias kernels, autograd kernels and fallbacks."""
         return [e for e in self.entries if e.has_kernel]
 
     def frame(self) -> pandas.DataFrame:
         """The table as a DataFrame, a row per runtime key (missing keys included)."""
-        from ..view.frames import table_frame
-
-        return table_frame(self)
-
-    def __str__(self) -> str:
-        from ..view.text import table_text
-
-        return table_text(self)
+        return self.view("frame")
 
     def diagram(self, show_all: bool = False) -> Diagram:
         """The table as a Graphviz diagram; ``show_all`` draws keys without a kernel of the
         op's own (fallbacks, fallthroughs, missing) too."""
-        from ..view.graph import table_diagram
-
-        return table_diagram(self, show_all)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        """Notebook display: the diagram (SVG) plus the text form."""
-        return self.diagram()._repr_mimebundle_(include, exclude)
-
-    def _repr_html_(self) -> str:
-        """HTML display: the diagram inline (frontends prefer HTML), details below it."""
-        from ..view.html import table_html
-
-        return table_html(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self) if not cycle else f"DispatchTable({self.op})")
+        return self.view("diagram", show_all=show_all)
 
 
 @dataclass(frozen=True)
-class OverloadTables:
+class OverloadTables(Displayable):
     """The dispatch tables of every overload of one operator packet."""
 
     op: str
@@ -193,18 +168,6 @@ class OverloadTables:
 
     def __len__(self) -> int:
         return len(self.tables)
-
-    def __str__(self) -> str:
-        return "\n\n".join(str(t) for t in self.tables)
-
-    def _ipython_display_(self) -> None:
-        """Notebook display: each overload's table as its own output."""
-        from ..view.graph import display_each
-
-        display_each(self.tables)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self) if not cycle else f"OverloadTables({self.op})")
 
 
 def dispatch_table(op: Any, *, all_overloads: bool = False) -> DispatchTable | OverloadTables:

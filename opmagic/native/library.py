@@ -19,10 +19,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._torch import dispatcher
 from ..dispatch.sites import add_labeler
+from ..display import Displayable
 from ..errors import (
     BuildOptionError,
     CompileError,
@@ -81,7 +82,7 @@ class BuildInfo:
 
 
 @dataclass(eq=False)
-class LoadedLibrary:
+class LoadedLibrary(Displayable):
     """A compiled library loaded into this process, and what it registered.
 
     ``operators`` are the operators it defined, ``kernels`` the kernels it registered (per
@@ -142,19 +143,6 @@ class LoadedLibrary:
     def _registered_namespaces(self) -> set[str]:
         """Namespaces whose operators the library may have registered (not ``_``)."""
         return {ns for ns in self.namespaces if ns != "_"}
-
-    def __str__(self) -> str:
-        from ..view.library import library_text
-
-        return library_text(self)
-
-    def _repr_html_(self) -> str:
-        from ..view.library import library_html
-
-        return library_html(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self) if not cycle else f"LoadedLibrary({self.name})")
 
 
 def compile_library(

@@ -52,7 +52,7 @@ class Toolchain:
     @property
     def abi_flag(self) -> str:
         """``-D_GLIBCXX_USE_CXX11_ABI=`` as torch was built: every compile must agree."""
-        return f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+        return f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"
 
     def identity(self) -> dict[str, str]:
         """Everything about the environment that changes what a build produces."""

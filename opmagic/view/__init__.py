@@ -1,0 +1,10 @@
+"""How opmagic's results look: importing this package registers every renderer with
+:mod:`opmagic.display` (``import opmagic`` does it).
+
+Text fits terminals, HTML and SVG notebooks, DataFrames pandas; the explorer widget lives
+in :mod:`opmagic.view.explorer` and is imported only when it is opened.
+"""
+
+from . import cells, cuda, frames, graph, html, library, text
+
+__all__ = ["cells", "cuda", "frames", "graph", "html", "library", "text"]

@@ -2,48 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from html import escape
-from typing import TYPE_CHECKING
 
-from .html import KIND_COLOURS, table_html
-from .text import grouped_entries
+from ..cells.checks import CheckReport
+from ..cells.custom_op import CustomOpResult
+from ..cells.session import SessionReport
+from ..dispatch.table import DispatchTable
+from ..display import renders
+from .html import html_rows, table_html
+from .style import KIND_COLOURS, STATUS_COLOURS, styled
+from .text import aligned, grouped_entries
 
-if TYPE_CHECKING:
-    from ..cells.checks import CheckReport
-    from ..cells.custom_op import CustomOpResult
-    from ..cells.session import SessionReport
-    from ..dispatch.table import DispatchTable
-
-_STYLE = (
-    "<style>.opmagic-cell td,.opmagic-cell th{padding:1px 8px;text-align:left;"
-    "vertical-align:top;font-family:monospace;font-size:12px}"
-    ".opmagic-cell .dim{color:#888}</style>"
-)
 _OWN_KINDS = ("kernel", "alias", "autograd", "ambiguous")
-_STATUS_COLOURS = {"pass": "#2e7d32", "FAIL": "#c62828", "skip": "#9e9e9e"}
 
 
-def aligned(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
-    """Rows of cells as lines with every column but the last padded to its widest cell."""
-    if not rows:
-        return []
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return [
-        indent + "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
-        for row in rows
-    ]
-
-
-def _html_rows(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None) -> str:
-    """An HTML table of text cells, with an optional header row."""
-    head = "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>" if header else ""
-    body = "".join(
-        "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
-    )
-    return f"<table>{head}{body}</table>"
-
-
+@renders(CustomOpResult, "text")
 def custom_op_text(result: CustomOpResult) -> str:
     """Schema, where it is bound, the kernels the cell registered, its dispatch table, checks."""
     call = f"  call it as {result.function}(...) or torch.ops.{result.dotted}(...)"
@@ -71,21 +44,23 @@ def own_kernel_rows(table: DispatchTable) -> list[tuple[str, str, str]]:
     ]
 
 
+@renders(CustomOpResult, "html")
 def custom_op_html(result: CustomOpResult) -> str:
     """The summary as HTML; the dispatch table folds away under a <details>."""
     rows = [(k.key, k.role, k.function, k.where) for k in result.kernels]
     notes = "".join(f'<div class="dim">note: {escape(n)}</div>' for n in result.notes)
     checks = check_html(result.checks) if result.checks is not None else ""
-    return (
-        f'{_STYLE}<div class="opmagic-cell"><b>{escape(result.schema)}</b>'
+    return styled(
+        f"<b>{escape(result.schema)}</b>"
         f'<div class="dim">call it as {escape(result.function)}(...) or '
         f"torch.ops.{escape(result.dotted)}(...)</div>{notes}"
-        + _html_rows(rows, ("key", "registers", "function", "where"))
+        + html_rows(rows, ("key", "registers", "function", "where"))
         + f"<details><summary>dispatch table</summary>{table_html(result.table)}</details>"
-        + f"{checks}</div>"
+        + checks
     )
 
 
+@renders(CheckReport, "text")
 def check_text(report: CheckReport) -> str:
     """One line per check: name, pass/FAIL/skip and the first line of any error."""
     lines = [f"  checks ({report.summary}) with {report.inputs}:"]
@@ -93,20 +68,22 @@ def check_text(report: CheckReport) -> str:
     return "\n".join(lines)
 
 
+@renders(CheckReport, "html")
 def check_html(report: CheckReport) -> str:
     """The check table as HTML, statuses coloured."""
     rows = "".join(
         f"<tr><td>{escape(r.name)}</td>"
-        f'<td style="color:{_STATUS_COLOURS[r.status]}">{escape(r.status)}</td>'
+        f'<td style="color:{STATUS_COLOURS[r.status]}">{escape(r.status)}</td>'
         f"<td>{escape(r.detail)}</td></tr>"
         for r in report.rows
     )
-    return (
-        f'{_STYLE}<div class="opmagic-cell"><b>checks ({escape(report.summary)})</b> '
-        f'<span class="dim">with {escape(report.inputs)}</span><table>{rows}</table></div>'
+    return styled(
+        f"<b>checks ({escape(report.summary)})</b> "
+        f'<span class="dim">with {escape(report.inputs)}</span><table>{rows}</table>'
     )
 
 
+@renders(SessionReport, "text")
 def session_text(report: SessionReport) -> str:
     """Per cell, what it registered and where."""
     if not report.cells:
@@ -119,19 +96,17 @@ def session_text(report: SessionReport) -> str:
     return "\n".join(lines)
 
 
+@renders(SessionReport, "html")
 def session_html(report: SessionReport) -> str:
     """The session listing as HTML, a section per cell."""
     if not report.cells:
-        return f"{_STYLE}<div class='opmagic-cell'>no cell has registered anything yet</div>"
+        return styled("no cell has registered anything yet")
     sections = []
     for cell in report.cells:
         notes = "".join(f'<div class="dim">note: {escape(n)}</div>' for n in cell.notes)
         sections.append(
             f"<div><b>cell {escape(cell.label)}</b>"
-            f"{_html_rows(cell.items, ('registration', 'where'))}{notes}</div>"
+            f"{html_rows(cell.items, ('registration', 'where'))}{notes}</div>"
         )
     colour = KIND_COLOURS["kernel"]
-    return (
-        f'{_STYLE}<div class="opmagic-cell"><b style="color:{colour}">opmagic session</b>'
-        f"{''.join(sections)}</div>"
-    )
+    return styled(f'<b style="color:{colour}">opmagic session</b>{"".join(sections)}')

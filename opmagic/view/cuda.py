@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING
 
+from ..cells.cuda_kernel import CudaKernelResult
+from ..display import renders
+from ..native.cuda.nvrtc import CudaKernels
 from ..native.cuda.toolkit import gpu_unavailable_reason
-from .cells import _STYLE, _html_rows, aligned, own_kernel_rows
-from .html import table_html
-
-if TYPE_CHECKING:
-    from ..cells.cuda_kernel import CudaKernelResult
-    from ..native.cuda.nvrtc import CudaKernels
+from .cells import own_kernel_rows
+from .html import html_rows, table_html
+from .style import styled
+from .text import aligned
 
 
 def _summary(kernels: CudaKernels) -> str:
@@ -38,6 +38,7 @@ def _gpu_note() -> str:
     return f"{reason} Launching raises NoGPUError." if reason else ""
 
 
+@renders(CudaKernels, "text")
 def kernels_text(kernels: CudaKernels) -> str:
     """The launchers the source compiled to."""
     lines = [_summary(kernels), "  launch as (also [grid, block, shared_mem, stream]):"]
@@ -50,6 +51,7 @@ def kernels_text(kernels: CudaKernels) -> str:
     return "\n".join(lines)
 
 
+@renders(CudaKernels, "html")
 def kernels_html(kernels: CudaKernels) -> str:
     """:func:`kernels_text` as HTML."""
     note = _gpu_note()
@@ -59,12 +61,11 @@ def kernels_html(kernels: CudaKernels) -> str:
         if kernels.binary.log.strip()
         else ""
     )
-    return (
-        f'{_STYLE}<div class="opmagic-cell"><b>{escape(_summary(kernels))}</b>'
-        + _html_rows(_kernel_rows(kernels), ("launch as", "where"))
+    return styled(
+        f"<b>{escape(_summary(kernels))}</b>"
+        + html_rows(_kernel_rows(kernels), ("launch as", "where"))
         + warnings
         + (f'<div class="dim">note: {escape(note)}</div>' if note else "")
-        + "</div>"
     )
 
 
@@ -76,6 +77,7 @@ def _op_line(result: CudaKernelResult) -> str:
     return f"CUDA kernel of {op.schema} ({how}); torch.ops.{op.qualname.replace('::', '.')}(...)"
 
 
+@renders(CudaKernelResult, "text")
 def result_text(result: CudaKernelResult) -> str:
     """The kernels and, with an op, its schema and the keys its own kernels serve."""
     lines = [kernels_text(result.kernels)]
@@ -86,15 +88,18 @@ def result_text(result: CudaKernelResult) -> str:
     return "\n".join(lines)
 
 
+@renders(CudaKernelResult, "html")
 def result_html(result: CudaKernelResult) -> str:
     """:func:`result_text` as HTML, the op's dispatch table folded away."""
     parts = [kernels_html(result.kernels)]
     if result.op is not None:
         parts.append(
-            f'{_STYLE}<div class="opmagic-cell"><b>{escape(_op_line(result))}</b>'
-            f'<div class="dim">launch: {escape(result.op.launch)}</div>'
-            + _html_rows(own_kernel_rows(result.op.table), ("keys", "kind", "source"))
-            + f"<details><summary>dispatch table</summary>{table_html(result.op.table)}"
-            "</details></div>"
+            styled(
+                f"<b>{escape(_op_line(result))}</b>"
+                f'<div class="dim">launch: {escape(result.op.launch)}</div>'
+                + html_rows(own_kernel_rows(result.op.table), ("keys", "kind", "source"))
+                + f"<details><summary>dispatch table</summary>{table_html(result.op.table)}"
+                "</details>"
+            )
         )
     return "".join(parts)

@@ -5,20 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .graph import KIND_FILLS
-from .html import KIND_COLOURS
+from ..dispatch.table import DispatchTable
+from ..display import Displayable, renders
+from .style import KIND_COLOURS, KIND_FILLS
 
 if TYPE_CHECKING:
     import pandas
     from pandas.io.formats.style import Styler
-
-    from ..dispatch.table import DispatchTable
 
 TABLE_COLUMNS = ["key", "category", "kind", "alias", "source", "site", "explanation"]
 KERNEL_COLUMNS = ["key", "category", "kind", "alias", "source"]
 STYLED_ROWS = 200  # rows a notebook shows styled; the frame itself keeps them all
 
 
+@renders(DispatchTable, "frame")
 def table_frame(table: DispatchTable) -> pandas.DataFrame:
     """A row per runtime key of the table, in priority order, missing keys included."""
     import pandas as pd
@@ -56,29 +56,35 @@ def style_kinds(frame: pandas.DataFrame) -> Styler:
 
 
 @dataclass(frozen=True)
-class KernelsView:
+class KernelsView(Displayable):
     """A kernels DataFrame for display: styled in notebooks, plain text in terminals."""
 
     frame: pandas.DataFrame
 
-    def _repr_html_(self) -> str:
-        """The first rows, coloured by kind, and how to get the rest."""
-        shown = self.frame.head(STYLED_ROWS)
-        note = ""
-        if len(self.frame) > len(shown):
-            note = (
-                f"<p>First {len(shown)} of {len(self.frame)} rows. Narrow it down (a namespace, "
-                "--key, --missing) or take the DataFrame: <code>view.frame</code>.</p>"
-            )
-        return style_kinds(shown).to_html() + note
 
-    def __str__(self) -> str:
-        """Every row as aligned text (the command line prints this)."""
-        import pandas as pd
+@renders(KernelsView, "html")
+def kernels_view_html(view: KernelsView) -> str:
+    """The first rows, coloured by kind, and how to get the rest."""
+    shown = view.frame.head(STYLED_ROWS)
+    note = ""
+    if len(view.frame) > len(shown):
+        note = (
+            f"<p>First {len(shown)} of {len(view.frame)} rows. Narrow it down (a namespace, "
+            "--key, --missing) or take the DataFrame: <code>view.frame</code>.</p>"
+        )
+    return style_kinds(shown).to_html() + note
 
-        with pd.option_context("display.max_rows", None, "display.width", 200):
-            return self.frame.to_string()
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        """Terminal IPython: pandas' own (abridged) text form."""
-        printer.text(repr(self.frame))
+@renders(KernelsView, "text")
+def kernels_view_text(view: KernelsView) -> str:
+    """Every row as aligned text (the command line prints this)."""
+    import pandas as pd
+
+    with pd.option_context("display.max_rows", None, "display.width", 200):
+        return view.frame.to_string()
+
+
+@renders(KernelsView, "pretty")
+def kernels_view_pretty(view: KernelsView) -> str:
+    """Terminal IPython: pandas' own (abridged) text form."""
+    return repr(view.frame)

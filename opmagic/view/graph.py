@@ -17,18 +17,20 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..dispatch.keys import key_info, runtime_keys
-from ..dispatch.table import dispatch_table
+from ..dispatch.resolve import Resolution
+from ..dispatch.table import DispatchTable, dispatch_table
+from ..display import Displayable, renders
 from ..errors import OpmagicError
-from .html import KIND_COLOURS
 from .render import render_svg
+from .style import DIM_COLOUR, FAIL_COLOUR, KIND_COLOURS, KIND_FILLS, PATH_COLOUR
 from .text import resolution_text, table_text
 
 if TYPE_CHECKING:
-    from ..dispatch.resolve import Resolution, Skip, Step
-    from ..dispatch.table import DispatchTable, TableEntry
+    from ..dispatch.resolve import Skip, Step
+    from ..dispatch.table import TableEntry
 
 CLUSTER_LABELS = {
     "python & modes": "Python & modes",
@@ -40,15 +42,6 @@ CLUSTER_LABELS = {
     "backend": "backends",
     "other": "other",
 }
-KIND_FILLS = {
-    "kernel": "#e8f5e9",
-    "alias": "#e3f2fd",
-    "autograd": "#f3e5f5",
-    "fallback": "#fff3e0",
-    "fallthrough": "#f5f5f5",
-    "ambiguous": "#ffebee",
-    "missing": "#ffebee",
-}
 LEGEND_TEXT = {
     "kernel": "own kernel: registered for this key",
     "alias": "kernel filled in from an alias key",
@@ -58,9 +51,6 @@ LEGEND_TEXT = {
     "ambiguous": "ambiguous: the dispatcher raises",
     "missing": "missing: a call reaching the key fails",
 }
-PATH_COLOUR = "#0d47a1"
-FAIL_COLOUR = "#c62828"
-DIM_COLOUR = "#9e9e9e"
 _LEGEND_ROW = 2  # legend entries side by side (plain boxes: flat edges are fine for them)
 _WRAP = 44  # characters per line inside a node
 _TITLE_WRAP = 100  # characters per line of the title
@@ -71,7 +61,7 @@ _FONT = "Helvetica"
 
 
 @dataclass(frozen=True)
-class Diagram:
+class Diagram(Displayable):
     """A Graphviz diagram with its text form: SVG in notebooks, text in terminals."""
 
     dot: str
@@ -81,36 +71,40 @@ class Diagram:
         """The rendered SVG (``renderer``: ``"dot"``, ``"wasi"`` or ``None`` for the default)."""
         return render_svg(self.dot, renderer)
 
-    def _repr_mimebundle_(
-        self, include: Iterable[str] | None = None, exclude: Iterable[str] | None = None
-    ) -> dict[str, str]:
-        """``image/svg+xml`` plus ``text/plain``; without a Graphviz, the text and why."""
-        bundle = {"text/plain": self.text}
-        wanted = include is None or "image/svg+xml" in include
-        if wanted and "image/svg+xml" not in (exclude or ()):
-            try:
-                bundle["image/svg+xml"] = self.svg()
-            except OpmagicError as exc:
-                bundle["text/plain"] = f"{self.text}\n\n(no diagram: {exc})"
-        return bundle
 
-    def __str__(self) -> str:
-        """The text form (what a terminal shows)."""
-        return self.text
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        """IPython's terminal display: the text form."""
-        printer.text(self.text)
+@renders(Diagram, "text")
+def diagram_text(diagram: Diagram) -> str:
+    """The text form (what a terminal shows)."""
+    return diagram.text
 
 
-def display_each(items: Iterable[Any]) -> None:
-    """Display each item as an output of its own (one diagram per overload)."""
-    from IPython.display import display
+@renders(Diagram, "mimebundle")
+def diagram_bundle(
+    diagram: Diagram, include: Iterable[str] | None = None, exclude: Iterable[str] | None = None
+) -> dict[str, str]:
+    """``image/svg+xml`` plus ``text/plain``; without a Graphviz, the text and why."""
+    bundle = {"text/plain": diagram.text}
+    wanted = include is None or "image/svg+xml" in include
+    if wanted and "image/svg+xml" not in (exclude or ()):
+        try:
+            bundle["image/svg+xml"] = diagram.svg()
+        except OpmagicError as exc:
+            bundle["text/plain"] = f"{diagram.text}\n\n(no diagram: {exc})"
+    return bundle
 
-    for item in items:
-        display(item)
+
+@renders(DispatchTable, "mimebundle")
+@renders(Resolution, "mimebundle")
+def result_bundle(
+    result: DispatchTable | Resolution,
+    include: Iterable[str] | None = None,
+    exclude: Iterable[str] | None = None,
+) -> dict[str, str]:
+    """A table or a call's path in a notebook: its diagram (SVG) plus its text form."""
+    return diagram_bundle(result.diagram(), include, exclude)
 
 
+@renders(DispatchTable, "diagram")
 def table_diagram(table: DispatchTable, show_all: bool = False) -> Diagram:
     """An operator's dispatch table as a diagram.
 
@@ -131,6 +125,7 @@ def table_diagram(table: DispatchTable, show_all: bool = False) -> Diagram:
     return Diagram(graph.dot(), table_text(table, include_missing=show_all))
 
 
+@renders(Resolution, "diagram")
 def resolution_diagram(resolution: Resolution, show_all: bool = False) -> Diagram:
     """A call's path through the dispatcher as a diagram.
 

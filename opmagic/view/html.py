@@ -6,31 +6,19 @@ itself: a table or resolution shows as its diagram whichever form the frontend p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
+from ..dispatch.resolve import Resolution
+from ..dispatch.table import DispatchTable, OverloadTables
+from ..display import renders
 from ..errors import OpmagicError
+from .style import FAIL_COLOUR, KIND_COLOURS, styled
 from .text import grouped_entries
 
 if TYPE_CHECKING:
-    from ..dispatch.resolve import Resolution
-    from ..dispatch.table import DispatchTable
     from .graph import Diagram
-
-KIND_COLOURS = {
-    "kernel": "#2e7d32",
-    "alias": "#1565c0",
-    "autograd": "#6a1b9a",
-    "fallback": "#ef6c00",
-    "fallthrough": "#9e9e9e",
-    "ambiguous": "#c62828",
-    "missing": "#c62828",
-}
-_STYLE = (
-    "<style>.opmagic .dim{color:#888}.opmagic td,.opmagic th{padding:1px 8px;"
-    "text-align:left;font-family:monospace;font-size:12px}</style>"
-)
-
 
 def steps_html(resolution: Resolution) -> str:
     """The path as an ordered list of steps, skipped keys dimmed, failure in red."""
@@ -40,7 +28,7 @@ def steps_html(resolution: Resolution) -> str:
             f'<div class="dim">skipped {escape(s.key)}: {escape(s.detail)}</div>'
             for s in step.skipped
         )
-        colour = "#c62828" if step.action == "error" else "#000"
+        colour = FAIL_COLOUR if step.action == "error" else "#000"
         items.append(
             f"<li><b>{escape(step.key)}</b> "
             f'<span style="color:{KIND_COLOURS.get(step.entry.kind, "#000")}">'
@@ -54,17 +42,18 @@ def steps_html(resolution: Resolution) -> str:
         else ""
     )
     error = (
-        f'<div style="color:#c62828"><b>error:</b> {escape(resolution.error)}</div>'
+        f'<div style="color:{FAIL_COLOUR}"><b>error:</b> {escape(resolution.error)}</div>'
         if resolution.error
         else ""
     )
     path = " &rarr; ".join(escape(k) for k in resolution.path) or "(none)"
-    return (
-        f'{_STYLE}<div class="opmagic"><b>{escape(resolution.schema or resolution.op)}</b>'
-        f"{context}<div>path: {path}</div><ol>{''.join(items)}</ol>{error}</div>"
+    return styled(
+        f"<b>{escape(resolution.schema or resolution.op)}</b>"
+        f"{context}<div>path: {path}</div><ol>{''.join(items)}</ol>{error}"
     )
 
 
+@renders(DispatchTable, "html")
 def table_html(table: DispatchTable) -> str:
     """The table's diagram, then its rows (keys served alike merged) in a collapsible section."""
     rows = "".join(
@@ -82,18 +71,31 @@ def table_html(table: DispatchTable) -> str:
     return _with_diagram(table.diagram(), "every key with a kernel", listing)
 
 
+@renders(Resolution, "html")
 def resolution_html(resolution: Resolution) -> str:
     """The call's path diagram, then the step-by-step explanation in a collapsible section."""
     return _with_diagram(resolution.diagram(), "step by step", steps_html(resolution))
 
 
+@renders(OverloadTables, "html")
+def overload_tables_html(tables: OverloadTables) -> str:
+    """Every overload's table, one after the other."""
+    return "".join(table_html(table) for table in tables)
+
+
+def html_rows(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None) -> str:
+    """An HTML table of text cells, with an optional header row."""
+    head = "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>" if header else ""
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    return f"<table>{head}{body}</table>"
+
+
 def _with_diagram(diagram: Diagram, summary: str, details: str) -> str:
+    """The diagram's SVG inline, ``details`` folded below it (alone when no Graphviz draws)."""
     try:
         picture = diagram.svg()
     except OpmagicError as exc:  # no Graphviz at all: the details are the display
-        picture = f'<pre class="dim">(no diagram: {escape(str(exc))})</pre>'
-        return f'{_STYLE}<div class="opmagic">{picture}{details}</div>'
-    return (
-        f'{_STYLE}<div class="opmagic">{picture}'
-        f"<details><summary>{escape(summary)}</summary>{details}</details></div>"
-    )
+        return styled(f'<pre class="dim">(no diagram: {escape(str(exc))})</pre>{details}')
+    return styled(f"{picture}<details><summary>{escape(summary)}</summary>{details}</details>")

@@ -7,11 +7,13 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from ..dispatch.sites import label_site
-from .html import _STYLE as STYLE  # one stylesheet for every opmagic view
+from ..display import renders
+from ..errors import CompileError
+from ..native.diagnostics import first_error, hint_for, source_excerpt, where
+from ..native.library import LoadedLibrary
+from .style import FAIL_COLOUR, styled
 
 if TYPE_CHECKING:
-    from ..errors import CompileError
-    from ..native.library import LoadedLibrary
     from ..native.registrations import NewKernel
 
 
@@ -48,6 +50,7 @@ def _overrides(kernel: NewKernel) -> str:
     return f"overrides {label_site(kernel.overrides)}" if kernel.overrides else ""
 
 
+@renders(LoadedLibrary, "text")
 def library_text(library: LoadedLibrary) -> str:
     """What the library registered: operators, kernels per key, then each operator's table."""
     lines = [build_summary(library)]
@@ -68,9 +71,10 @@ def library_text(library: LoadedLibrary) -> str:
     return "\n".join(lines)
 
 
+@renders(LoadedLibrary, "html")
 def library_html(library: LoadedLibrary) -> str:
     """The same as :func:`library_text`, as HTML tables (dispatch tables included)."""
-    parts = [f'{STYLE}<div class="opmagic"><b>{escape(build_summary(library))}</b>']
+    parts = [f"<b>{escape(build_summary(library))}</b>"]
     if library.operators:
         rows = "".join(
             f"<tr><td>{escape(op.schema)}</td><td>{escape(library.where(op.line))}</td></tr>"
@@ -86,20 +90,18 @@ def library_html(library: LoadedLibrary) -> str:
             for k in kernels
         )
         parts.append(f"<div>kernels added, per dispatch key</div><table>{rows}</table>")
-    parts.append("</div>")
-    parts += [table._repr_html_() for table in library.tables()]
-    return "".join(parts)
+    tables = "".join(table._repr_html_() for table in library.tables())
+    return styled("".join(parts)) + tables
 
 
+@renders(CompileError, "html")
 def compile_error_html(error: CompileError) -> str:
     """The first error beside its source line (highlighted), the full log collapsed."""
-    from ..native.diagnostics import first_error, hint_for, source_excerpt, where
-
     first = first_error(error.diagnostics)
     head = escape(str(error).splitlines()[0])
     body = ""
     if first is not None:
-        body += f'<div style="color:#c62828"><b>{escape(first.message)}</b></div>'
+        body += f'<div style="color:{FAIL_COLOUR}"><b>{escape(first.message)}</b></div>'
         hint = hint_for(first.message)
         if hint:
             body += f"<div>hint: {escape(hint)}</div>"
@@ -120,4 +122,4 @@ def compile_error_html(error: CompileError) -> str:
         f"<details><summary>full compiler output ({count} lines)</summary>"
         f"<pre>{escape(error.command)}\n\n{escape(error.log)}</pre></details>"
     )
-    return f'{STYLE}<div class="opmagic"><div><b>{head}</b></div>{body}{log}</div>'
+    return styled(f"<div><b>{head}</b></div>{body}{log}")

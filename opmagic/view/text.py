@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..dispatch.resolve import Resolution
+from ..dispatch.table import DispatchTable, OverloadTables
+from ..display import renders
+
 if TYPE_CHECKING:
-    from ..dispatch.resolve import Resolution
-    from ..dispatch.table import DispatchTable, TableEntry
+    from ..dispatch.table import TableEntry
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ def _same_service(a: TableEntry, b: TableEntry) -> bool:
     return (a.category, a.kind, a.alias, a.source) == (b.category, b.kind, b.alias, b.source)
 
 
+@renders(DispatchTable, "text")
 def table_text(table: DispatchTable, include_missing: bool = False) -> str:
     """The table as aligned text: one row per run of keys served alike, in priority order."""
     groups = list(grouped_entries(table, include_missing))
@@ -82,6 +86,7 @@ def table_text(table: DispatchTable, include_missing: bool = False) -> str:
     return "\n".join(lines)
 
 
+@renders(Resolution, "text")
 def resolution_text(resolution: Resolution) -> str:
     """The resolved path as numbered steps with origins, skipped keys and what runs."""
     lines = [resolution.schema or resolution.op]
@@ -105,3 +110,20 @@ def resolution_text(resolution: Resolution) -> str:
     if resolution.error:
         lines.append(f"  error: {resolution.error}")
     return "\n".join(lines)
+
+
+@renders(OverloadTables, "text")
+def overload_tables_text(tables: OverloadTables) -> str:
+    """Every overload's table, a blank line between them."""
+    return "\n\n".join(table_text(table) for table in tables)
+
+
+def aligned(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Rows of cells as lines with every column but the last padded to its widest cell."""
+    if not rows:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return [
+        indent + "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
+        for row in rows
+    ]

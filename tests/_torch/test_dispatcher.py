@@ -88,3 +88,13 @@ def test_operator_queries():
     assert dispatcher.find_schema("aten::add", "nope") is None
     x = torch.randn(1)
     assert dispatcher.select_overload("aten::add", (x, x), {}) == "Tensor"
+
+
+def test_key_names_and_operator_objects():
+    names = dispatcher.dispatch_key_names()
+    assert {"CPU", "AutogradCPU", "CompositeImplicitAutograd", "Dense"} <= set(names)
+    assert dispatcher.operator_parts(torch.ops.aten.add.Tensor) == ("aten", "add", "Tensor")
+    assert dispatcher.operator_parts(torch.ops.aten.sin.default) == ("aten", "sin", "")
+    assert dispatcher.operator_parts(torch.ops.aten.add) == ("aten", "add", None)
+    assert dispatcher.operator_parts("aten::add") is None
+    assert dispatcher.operator_parts(torch.add) is None

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..._torch import custom_op_state, dispatcher, library_hooks
+from ...display import Displayable
 from ...errors import ArgumentsMismatchError
 from ..keys import KeyCatalogue, catalogue
 from ..ops import OpRef, op_ref, overloads_of
@@ -71,7 +72,7 @@ class DispatchInput:
 
 
 @dataclass(frozen=True)
-class Resolution:
+class Resolution(Displayable):
     """The predicted dispatch of one call: the path of runtime keys and why each is there."""
 
     op: str
@@ -105,29 +106,9 @@ class Resolution:
         last = self.steps[-1] if self.steps else None
         return last.note if last is not None and last.action == "python" else None
 
-    def __str__(self) -> str:
-        from ...view.text import resolution_text
-
-        return resolution_text(self)
-
     def diagram(self, show_all: bool = False) -> Diagram:
         """The path as a Graphviz diagram; ``show_all`` draws the op's whole table around it."""
-        from ...view.graph import resolution_diagram
-
-        return resolution_diagram(self, show_all)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        """Notebook display: the path diagram (SVG) plus the text form."""
-        return self.diagram()._repr_mimebundle_(include, exclude)
-
-    def _repr_html_(self) -> str:
-        """HTML display: the diagram inline (frontends prefer HTML), details below it."""
-        from ...view.html import resolution_html
-
-        return resolution_html(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self) if not cycle else f"Resolution({self.op})")
+        return self.view("diagram", show_all=show_all)
 
 
 def resolve(op: Any, *args: Any, **kwargs: Any) -> Resolution:

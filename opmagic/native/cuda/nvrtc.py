@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...display import Displayable
 from ...errors import BuildOptionError, CompileError, CudaToolkitError
 from ..cache import digest
 from ..diagnostics import failure_text, parse_diagnostics, where
@@ -52,7 +53,7 @@ class NvrtcBinary:
 
 
 @dataclass(eq=False)
-class CudaKernels:
+class CudaKernels(Displayable):
     """The kernels of one quick-path source, compiled; a launcher per kernel.
 
     ``kernels["name"]`` (also ``kernels.name``) launches as ``kernel[grid, block](*args)``
@@ -104,19 +105,6 @@ class CudaKernels:
         self.closed = True
         for kernel in self.kernels.values():
             kernel.closed = True
-
-    def __str__(self) -> str:
-        from ...view.cuda import kernels_text
-
-        return kernels_text(self)
-
-    def _repr_html_(self) -> str:
-        from ...view.cuda import kernels_html
-
-        return kernels_html(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self) if not cycle else f"CudaKernels({', '.join(self.kernels)})")
 
 
 def compile_cuda_kernels(

@@ -499,11 +499,6 @@ class SplitSource:
     whole_reason: str | None = None  # why the cell must be one nvcc translation unit
     launched: tuple[str, ...] = field(default=())  # kernel expressions the host code launches
 
-    @property
-    def splittable(self) -> bool:
-        """Whether host and device code can be compiled apart."""
-        return self.whole_reason is None
-
 
 def split_source(source: str) -> SplitSource:
     """The host and device halves of a full-path cell (see the module docstring)."""

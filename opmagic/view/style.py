@@ -1,0 +1,39 @@
+"""The look shared by every opmagic view: one stylesheet and the colours of kernel kinds."""
+
+from __future__ import annotations
+
+# Every HTML view wraps itself in <div class="opmagic"> after this stylesheet.
+STYLESHEET = (
+    "<style>.opmagic td,.opmagic th{padding:1px 8px;text-align:left;vertical-align:top;"
+    "font-family:monospace;font-size:12px}.opmagic .dim{color:#888}</style>"
+)
+
+# text colour per kernel kind (TableEntry.kind), in HTML, diagrams and DataFrames
+KIND_COLOURS = {
+    "kernel": "#2e7d32",
+    "alias": "#1565c0",
+    "autograd": "#6a1b9a",
+    "fallback": "#ef6c00",
+    "fallthrough": "#9e9e9e",
+    "ambiguous": "#c62828",
+    "missing": "#c62828",
+}
+# fill colour per kernel kind, for diagram nodes and DataFrame cells
+KIND_FILLS = {
+    "kernel": "#e8f5e9",
+    "alias": "#e3f2fd",
+    "autograd": "#f3e5f5",
+    "fallback": "#fff3e0",
+    "fallthrough": "#f5f5f5",
+    "ambiguous": "#ffebee",
+    "missing": "#ffebee",
+}
+STATUS_COLOURS = {"pass": "#2e7d32", "FAIL": "#c62828", "skip": "#9e9e9e"}  # check results
+PATH_COLOUR = "#0d47a1"  # the call's path in diagrams
+FAIL_COLOUR = "#c62828"  # where dispatch fails
+DIM_COLOUR = "#9e9e9e"  # keys passed over
+
+
+def styled(body: str) -> str:
+    """``body`` as one opmagic HTML view: the stylesheet, then the body in its wrapper."""
+    return f'{STYLESHEET}<div class="opmagic">{body}</div>'
