@@ -46,7 +46,7 @@ import torch
 
 from .._torch import custom_op_state, dispatcher
 from ..dispatch import DispatchTable, dispatch_table
-from ..dispatch.ops import OpRef, overloads_of
+from ..dispatch.ops import OpRef, is_identifier, overloads_of
 from ..dispatch.sites import label_location
 from ..display import Displayable
 from ..errors import CellSourceError, ForeignOperatorError, OperatorNameError
@@ -55,7 +55,6 @@ from .session import active_session, foreign_operator_message, registration_site
 
 COMPANIONS = ("fake", "setup_context", "backward", "kernel", "vmap", "autocast", "torch_dispatch")
 _UNBOUND = object()
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -239,7 +238,7 @@ def parse_operator_name(name: str) -> str:
     if not separator:
         raise OperatorNameError(f"{name!r} is not an operator name: it has no '::'. {example}")
     for part, what in ((namespace, "namespace"), (op_name, "name")):
-        if not _IDENTIFIER.match(part):
+        if not is_identifier(part):
             raise OperatorNameError(
                 f"{name!r} is not an operator name: the {what} {part!r} is not a Python "
                 f"identifier. {example} (custom_op makes the default overload; there is no "

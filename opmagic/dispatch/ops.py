@@ -20,7 +20,14 @@ from ..errors import NotAnOperatorError, UnknownOperatorError
 if TYPE_CHECKING:
     from torch._ops import OpOverload
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# the one grammar of the names in "namespace::name.overload" (and of C++ library names)
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+
+def is_identifier(text: str) -> bool:
+    """Whether ``text`` can be a namespace, operator, overload or library name."""
+    return isinstance(text, str) and IDENTIFIER.match(text) is not None
 
 
 @dataclass(frozen=True)
@@ -173,13 +180,13 @@ def _parse_string(text: str) -> OpRef:
     if overload_part == "default":
         overload_part = ""
     for part, what in ((namespace, "namespace"), (name, "operator name")):
-        if not _IDENT.match(part):
+        if not is_identifier(part):
             raise UnknownOperatorError(
                 f"{text!r} is not an operator name: the {what} {part!r} is not a Python "
                 "identifier. Write 'namespace::name' or 'namespace::name.overload' "
                 "(e.g. 'aten::add.Tensor')."
             )
-    if overload_part and not _IDENT.match(overload_part):
+    if overload_part and not is_identifier(overload_part):
         raise UnknownOperatorError(
             f"{text!r} is not an operator name: the overload {overload_part!r} is not an "
             "identifier."

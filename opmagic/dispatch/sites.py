@@ -56,10 +56,16 @@ def label_site(site: str | None) -> str:
     """Display form of a site string as torch records it (``registered at FILE:LINE``)."""
     if not site:
         return ""
-    match = _SITE.match(site.strip())
-    if not match:
+    located = parse_site(site)
+    if located is None:
         return site.strip().removeprefix("registered at ")
-    return label_location(match["file"], int(match["line"]))
+    return label_location(*located)
+
+
+def parse_site(site: str | None) -> tuple[str, int] | None:
+    """``(file, line)`` of a site as torch records it (``registered at FILE:LINE``), or None."""
+    match = _SITE.match(site.strip()) if site else None
+    return None if match is None else (match["file"], int(match["line"]))
 
 
 def label_callable(fn: Any) -> str:

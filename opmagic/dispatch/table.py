@@ -218,7 +218,7 @@ class _OpTable:
     def registrations(self) -> list[Registration]:
         """The raw registrations (parsed on first use)."""
         if self._registrations is None:
-            self._registrations = _parse_registrations(
+            self._registrations = parse_registrations(
                 dispatcher.dump_registrations(self.ref.dispatcher_name)
             )
         return self._registrations
@@ -311,7 +311,7 @@ def _parse_computed(
     return out
 
 
-def _parse_registrations(text: str) -> list[Registration]:
+def parse_registrations(text: str) -> list[Registration]:
     """Kernel registrations from ``_dispatch_dump`` (its header lines are skipped)."""
     registrations = []
     for line in text.splitlines():

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._torch import dispatcher
+from ..dispatch.ops import is_identifier
 from ..dispatch.sites import add_labeler
 from ..display import Displayable
 from ..errors import (
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 OPT_LEVELS = ("0", "1", "2", "3", "s", "g")
 DEFAULT_OPT_LEVEL = "1"  # builds ~25% faster than -O2; ask for 2 or 3 to time kernels
 DEFAULT_NAME = "opmagic_library"
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FIRST_NAMESPACE = re.compile(r"\bTORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*([A-Za-z_]\w*)")
 _MISSING_PYTHON_H = re.compile(r"\bPython\.h: No such file or directory")
 _SIGNATURE_CHANGED = "Mismatch in kernel C++ signatures"
@@ -293,7 +293,7 @@ def _library_name(name: str | None, source: str) -> str:
     if name is None:
         match = _FIRST_NAMESPACE.search(source)
         return match[1] if match and match[1] != "_" else DEFAULT_NAME
-    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+    if not is_identifier(name):
         raise BuildOptionError(
             f"The library name must be a C identifier (letters, digits, _), got {name!r}."
         )

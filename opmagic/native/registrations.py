@@ -8,14 +8,12 @@ and new kernels (and which earlier kernels they override).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .._torch import dispatcher
-from ..dispatch.table import _parse_registrations  # the one parser of _dispatch_dump output
-
-_SITE = re.compile(r"^(?:registered at )?(?P<file>.+):(?P<line>\d+)$")
+from ..dispatch.sites import parse_site
+from ..dispatch.table import parse_registrations
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,7 @@ def snapshot(namespaces: Iterable[str]) -> Snapshot:
                 _header(text, "schema"),
                 _header(text, "debug"),
                 frozenset(
-                    (r.key, r.is_alias, r.site, r.active) for r in _parse_registrations(text)
+                    (r.key, r.is_alias, r.site, r.active) for r in parse_registrations(text)
                 ),
             )
     return state
@@ -111,7 +109,5 @@ def kernels_added(before: Snapshot, after: Snapshot, site_file: str) -> tuple[Ne
 
 def site_line(site: str | None, site_file: str) -> int | None:
     """The line of a registration site when it is in ``site_file``, else ``None``."""
-    match = _SITE.match(site.strip()) if site else None
-    if match is None or match["file"] != site_file:
-        return None
-    return int(match["line"])
+    located = parse_site(site)
+    return located[1] if located is not None and located[0] == site_file else None
