@@ -20,8 +20,8 @@ from ..cells.cuda_kernel import CudaKernelResult, cuda_kernel_from_source
 from ..cells.session import active_session
 from ..errors import CompileError, OpmagicError
 from ..native import DEFAULT_OPT_LEVEL
+from ..native.blocks import scan_blocks
 from ..native.cuda.library import compile_cuda_library
-from ..native.cuda.source import has_registration_blocks
 from .arguments import unquote
 from .session import running_cell_number
 from .torch_library import CELL_BODY_FIRST_LINE, LibraryCells
@@ -133,7 +133,7 @@ class CudaKernelMagics(Magics, LibraryCells):
         raises NoGPUError. Re-running a cell replaces what it made.
         """
         args = parse_argstring(self.cuda_kernel, line)
-        if has_registration_blocks(cell):
+        if scan_blocks(cell):
             quick = [f"--{o}" for o in ("op", "launch", "schema") if getattr(args, o)]
             self._refuse(quick, "a cell with TORCH_LIBRARY blocks (the nvcc full path)")
             return self._full_path(args, cell)

@@ -31,11 +31,12 @@ from ..errors import (
     MissingHeadersError,
     RegistrationError,
 )
+from .blocks import Block, scan_blocks
 from .cache import BuildCache, digest, write_atomic
 from .compiler import StepResult, run_step
 from .diagnostics import failure_text, first_error, parse_diagnostics, where
 from .headers import PREAMBLE, Prefix, macro_name, prepare_prefix, record_macro
-from .loader import Block, NativeLibrary
+from .loader import NativeLibrary
 from .progress import ProgressCallback, Stopwatch, stderr_progress
 from .registrations import (
     NewKernel,
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
 OPT_LEVELS = ("0", "1", "2", "3", "s", "g")
 DEFAULT_OPT_LEVEL = "1"  # builds ~25% faster than -O2; ask for 2 or 3 to time kernels
 DEFAULT_NAME = "opmagic_library"
-_FIRST_NAMESPACE = re.compile(r"\bTORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*([A-Za-z_]\w*)")
 _MISSING_PYTHON_H = re.compile(r"\bPython\.h: No such file or directory")
 _SIGNATURE_CHANGED = "Mismatch in kernel C++ signatures"
 _PCH_REJECTED = re.compile(r"\.gch: not used because (.*?) \[-Winvalid-pch\]")
@@ -291,8 +291,8 @@ def compile_and_load(
 def _library_name(name: str | None, source: str) -> str:
     """``name`` checked, or the first namespace of the source's blocks."""
     if name is None:
-        match = _FIRST_NAMESPACE.search(source)
-        return match[1] if match and match[1] != "_" else DEFAULT_NAME
+        first = next((b.namespace for b in scan_blocks(source) if is_identifier(b.namespace)), "_")
+        return first if first != "_" else DEFAULT_NAME
     if not is_identifier(name):
         raise BuildOptionError(
             f"The library name must be a C identifier (letters, digits, _), got {name!r}."
