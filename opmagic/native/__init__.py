@@ -12,7 +12,9 @@ from .cuda.library import compile_cuda_library
 from .cuda.nvrtc import CudaKernels, compile_cuda_kernels
 from .diagnostics import Diagnostic
 from .headers import HEADER_SETS, HeaderSet
-from .library import DEFAULT_OPT_LEVEL, BuildInfo, LoadedLibrary, compile_library
+from .library import LoadedLibrary, compile_library
+from .options import DEFAULT_OPT_LEVEL
+from .pipeline import BuildInfo
 from .progress import BuildProgress, StderrProgress, stderr_progress
 from .registrations import NewKernel, NewOperator
 

@@ -19,7 +19,7 @@ from opmagic.errors import (
     RegistrationError,
     ToolchainError,
 )
-from opmagic.native import library as library_module
+from opmagic.native import pipeline
 from opmagic.native.toolchain import find_toolchain
 
 from .sources import MINIMAL_INCLUDES, op_source
@@ -182,7 +182,7 @@ def test_other_platforms_are_refused_with_a_reason(monkeypatch):
 
 def test_missing_python_headers_say_what_to_install(loaded, monkeypatch, tmp_path):
     without_python_h = dataclasses.replace(find_toolchain(), python_include=str(tmp_path))
-    monkeypatch.setattr(library_module, "find_toolchain", lambda: without_python_h)
+    monkeypatch.setattr(pipeline, "find_toolchain", lambda: without_python_h)
     source = "#include <Python.h>\n" + op_source("err_python_h")
     with pytest.raises(MissingHeadersError, match="apt-get install python3-dev"):
         compile_library(source, precompiled_headers=False, progress=None)
