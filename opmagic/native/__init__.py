@@ -16,7 +16,7 @@ from .library import LoadedLibrary, compile_library
 from .options import DEFAULT_OPT_LEVEL
 from .pipeline import BuildInfo
 from .progress import BuildProgress, StderrProgress, stderr_progress
-from .registrations import NewKernel, NewOperator
+from .snapshots import NewKernel, NewOperator
 
 __all__ = [
     "DEFAULT_OPT_LEVEL",

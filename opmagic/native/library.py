@@ -23,7 +23,7 @@ from .options import DEFAULT_OPT_LEVEL, BuildOptions
 from .pipeline import BuildInfo, published_build
 from .progress import ProgressCallback, stderr_progress
 from .registration import Registration, SourceSite, register
-from .registrations import NewKernel, NewOperator
+from .snapshots import NewKernel, NewOperator
 
 if TYPE_CHECKING:
     from ..dispatch.table import DispatchTable

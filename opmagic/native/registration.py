@@ -24,7 +24,7 @@ from ..dispatch.sites import add_labeler, remove_labeler
 from ..errors import RegistrationError
 from .diagnostics import where
 from .loader import NativeLibrary
-from .registrations import (
+from .snapshots import (
     NewKernel,
     NewOperator,
     kernels_added,
