@@ -191,3 +191,16 @@ def test_registration_sites_are_named_while_their_library_is_registered(loaded):
     edited.close()
     assert "cell [" not in label_site(edited_site)
 
+
+
+def test_a_source_two_registered_libraries_share_is_named_until_both_are_closed(loaded):
+    source = MINIMAL_INCLUDES + "TORCH_LIBRARY_FRAGMENT(reg_shared, m) {}\n"
+    one = compile_library(source, label="cell [1]", progress=None)
+    two = compile_library(source, label="cell [2]", progress=None)  # the same build and file
+    loaded += [one, two]
+    site = f"registered at {one.source_file}:3"
+    assert two.source_file == one.source_file and label_site(site) == "cell [2], line 3"
+    two.close()
+    assert label_site(site) == "cell [1], line 3"
+    one.close()
+    assert "cell [" not in label_site(site)
