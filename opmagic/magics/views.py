@@ -15,20 +15,13 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ..dispatch import Resolution, kernels
-from ..dispatch.contexts import CONTEXT_ARGUMENTS, CallContext
 from ..errors import OpmagicError
 from ..view.frames import KernelsView
 from ..view.graph import Diagram
+from .arguments import CONTEXT_OPTIONS, call_context, with_options
 
-_VALUED_OPTIONS = {flags[0] for flags, spec in CONTEXT_ARGUMENTS if "metavar" in spec}
+_VALUED_OPTIONS = {option.flags[0] for option in CONTEXT_OPTIONS if option.takes_value}
 _CALL_EXAMPLE = "%dispatch torch.ops.aten.add(x, y)"
-
-
-def _with_context_arguments(magic: Any) -> Any:
-    """Decorate a magic with the context options shared with the command line."""
-    for flags, spec in reversed(CONTEXT_ARGUMENTS):
-        magic = argument(*flags, **spec)(magic)
-    return magic
 
 
 @magics_class
@@ -41,7 +34,7 @@ class ViewMagics(Magics):
         action="store_true",
         help="draw every dispatch key of the operator, not only those the call touched",
     )
-    @_with_context_arguments
+    @with_options(CONTEXT_OPTIONS)
     @argument(
         "call",
         nargs="*",
@@ -61,7 +54,7 @@ class ViewMagics(Magics):
         options = parse_argstring(self.dispatch, options_text)
         op, args, kwargs = self._evaluate_call(expression)
         try:
-            resolution = CallContext.from_options(options).resolve(op, *args, **kwargs)
+            resolution = call_context(options).resolve(op, *args, **kwargs)
         except OpmagicError as exc:
             raise UsageError(str(exc)) from exc
         return resolution.diagram(show_all=True) if options.all else resolution
