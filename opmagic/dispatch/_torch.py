@@ -946,10 +946,29 @@ def refresh_operators(qualnames: Any) -> None:
     from torch.fx.operator_schemas import _SCHEMA_TO_SIGNATURE_CACHE
 
     qualnames = set(qualnames)
-    torch.library._clear_torch_ops_cache(qualnames)
+    getattr(torch.library, "_clear_torch_ops_cache", _clear_torch_ops_cache)(qualnames)
     for qualname in qualnames:
         name, _, overload = qualname.partition(".")
         _SCHEMA_TO_SIGNATURE_CACHE.pop((name, overload), None)
+
+
+def _clear_torch_ops_cache(qualnames: Any) -> None:
+    """Drop the cached ``torch.ops.ns.name`` packets of ``qualnames``.
+
+    What ``torch.library._clear_torch_ops_cache`` does in torch 2.12+; torch 2.11 has no such
+    function (its ``Library._destroy`` does it inline, for the library's own definitions only).
+    ``vars()`` reads the namespace's cache without asking the dispatcher.
+    """
+    for qualname in qualnames:
+        namespace_name, name = qualname.split("::", 1)
+        name = name.split(".")[0]
+        namespace = vars(torch.ops).get(namespace_name)
+        if namespace is None or name not in vars(namespace):
+            continue
+        delattr(namespace, name)
+        names = getattr(namespace, "_dir", None)
+        if isinstance(names, list) and name in names:
+            names.remove(name)
 
 
 def is_custom_op_def(value: Any) -> bool:

@@ -135,3 +135,18 @@ def test_custom_op_introspection():
         assert _torch.custom_op_def("opmagic_test_shim::nothing") is None
     finally:
         f._lib._destroy()
+
+
+def test_refresh_operators_without_torchs_cache_clearing_function(monkeypatch):
+    lib = torch.library.Library("shim_refresh", "FRAGMENT")
+    try:
+        lib.define("op(Tensor x) -> Tensor")
+        packet = torch.ops.shim_refresh.op
+        assert "op" in vars(torch.ops.shim_refresh)
+        with monkeypatch.context() as patch:  # torch 2.11 (the GPU machine's) has no such function
+            patch.delattr(torch.library, "_clear_torch_ops_cache", raising=False)
+            _torch.refresh_operators(["shim_refresh::op", "shim_refresh::never.made", "nons::x"])
+        assert "op" not in vars(torch.ops.shim_refresh)
+        assert torch.ops.shim_refresh.op is not packet  # made again on next use
+    finally:
+        lib._destroy()
