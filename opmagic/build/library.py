@@ -553,15 +553,6 @@ def compile_unit(
     return CompiledUnit(compiled, prefix, f"{stem}.o", f"{stem}.d")
 
 
-# ld.gold trusts its directory listings: a dangling lib*.so symlink in a library directory
-# (the libstdc++.so of some GCC installs, e.g. one $CXX points at) is "cannot open" to it,
-# where ld.bfd skips it and links
-_GOLD = "-fuse-ld=gold"
-_GOLD_CANNOT_OPEN = re.compile(r"ld\.gold: error: cannot open \S+: No such file or directory")
-# (compiler, -L directories) whose links gold failed and bfd did: they skip gold from then on
-_GOLD_REFUSED: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
-
-
 def link(
     request: _BuildRequest,
     toolchain: Toolchain,
@@ -570,28 +561,21 @@ def link(
     objects: Sequence[str],
     extra_flags: Sequence[str] = (),
 ) -> StepResult:
-    """Link ``objects`` into ``lib<name>.so`` against libtorch (ld.bfd where gold fails)."""
+    """Link ``objects`` into ``lib<name>.so`` against libtorch."""
     stopwatch.report("linking")
-    command = [
-        *toolchain.compiler,
-        *objects,
-        "-o",
-        f"lib{request.name}.so",
-        *extra_flags,
-        *request.link_flags,
-    ]
-    env = {**os.environ, "LC_ALL": "C"}
-    searched = (toolchain.compiler, tuple(c for c in command if c.startswith("-L")))
-    if searched in _GOLD_REFUSED:
-        command = [c for c in command if c != _GOLD]
-    step = run_step(command, cwd=scratch, stopwatch=stopwatch, env=env)
-    if step.returncode != 0 and _GOLD in command and _GOLD_CANNOT_OPEN.search(step.output):
-        command = [c for c in command if c != _GOLD]
-        retried = run_step(command, cwd=scratch, stopwatch=stopwatch, env=env)
-        if retried.returncode == 0:
-            _GOLD_REFUSED.add(searched)
-        return dataclasses.replace(retried, seconds=step.seconds + retried.seconds)
-    return step
+    return run_step(
+        [
+            *toolchain.compiler,
+            *objects,
+            "-o",
+            f"lib{request.name}.so",
+            *extra_flags,
+            *request.link_flags,
+        ],
+        cwd=scratch,
+        stopwatch=stopwatch,
+        env={**os.environ, "LC_ALL": "C"},
+    )
 
 
 def publish(

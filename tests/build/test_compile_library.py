@@ -282,16 +282,6 @@ def test_options_reach_the_compiler(loaded, tmp_path):
 
 
 @pytest.mark.slow
-def test_links_with_ld_bfd_where_gold_trips_on_a_dangling_library_symlink(loaded, tmp_path):
-    # the GPU machine's $CXX GCC has a dangling libstdc++.so: ld.gold failed every link there
-    (tmp_path / "libstdc++.so").symlink_to(tmp_path / "missing" / "libstdc++.so.6")
-    library = compile_library(
-        op_source("cl_dangling"), extra_ldflags=[f"-L{tmp_path}"], force=True, progress=None
-    )
-    loaded.append(library)
-    assert torch.ops.cl_dangling.scale(torch.ones(1)).item() == 2.0
-
-
 def test_a_macro_that_changes_torch_headers_gets_its_own_precompiled_header(loaded):
     """GCC refuses a precompiled header built without a -D that the headers test (NDEBUG);
     the build still works, and the next one precompiles the headers with the flag."""
