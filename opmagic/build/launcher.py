@@ -169,7 +169,7 @@ class CudaKernel:
                 f"Kernel {self.name} of {self.module.label} was replaced by a newer run of its "
                 "cell: use the new one (the name in your namespace points at it)."
             )
-        reason = gpu_unavailable_reason()
+        reason = _gpu_reason()
         if reason is not None:
             raise NoGPUError(
                 f"Cannot launch kernel {self.name}. {reason} The kernel compiled "
@@ -194,13 +194,11 @@ class CudaKernel:
             _argument(self.name, p, a, device, contiguous)
             for p, a in zip(parameters, args, strict=True)
         ]
-        pointers = (ctypes.c_void_p * max(len(values), 1))(
-            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
-        )
+        pointers = (ctypes.c_void_p * max(len(values), 1))(*map(ctypes.addressof, values))
         function = self._function(device)
         stream = config.stream
         if stream is None:
-            stream = torch.cuda.current_stream(device).cuda_stream
+            stream = _current_raw_stream(device)
         elif isinstance(stream, torch.cuda.Stream):
             stream = stream.cuda_stream
         driver = _driver()
@@ -371,11 +369,37 @@ def non_contiguous_problem(parameter: KernelParameter, tensor: torch.Tensor) -> 
     )
 
 
+_DRIVER: Any = None
+_GPU_READY = False  # a GPU ran kernels here: it stays usable for the life of the process
+
+
 def _driver() -> Any:
     """``cuda.bindings.driver`` (its import is deferred until a kernel launches)."""
-    from cuda.bindings import driver
+    global _DRIVER
+    if _DRIVER is None:
+        from cuda.bindings import driver
 
-    return driver
+        _DRIVER = driver
+    return _DRIVER
+
+
+def _gpu_reason() -> str | None:
+    """:func:`gpu_unavailable_reason`, asked until it is ``None`` (each launch asked it: a few
+    microseconds of the ~30 a launch took on an H100)."""
+    global _GPU_READY
+    if _GPU_READY:
+        return None
+    reason = gpu_unavailable_reason()
+    _GPU_READY = reason is None
+    return reason
+
+
+def _current_raw_stream(device: int) -> int:
+    """torch's current ``cudaStream_t`` on ``device`` (without making a Stream object)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _check(returned: tuple, describe: Any) -> Any:

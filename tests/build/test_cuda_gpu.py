@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from opmagic.build import compile_cuda_kernels, compile_cuda_library
+from opmagic.build import compile_cuda_kernels, compile_cuda_library, launcher
 from opmagic.build.cuda import gpu_unavailable_reason, running_gpu_arch
 
 from .sources import VADD
@@ -131,6 +131,13 @@ def test_quick_path_launchers_match_torch():
     kernels.vadd[20, 256, 0, stream](a, b, out, 5000)
     stream.synchronize()
     torch.testing.assert_close(out, a + b)
+    with torch.cuda.stream(stream):  # a launch without a stream takes torch's current one
+        assert launcher._current_raw_stream(0) == stream.cuda_stream
+        out.zero_()
+        kernels.vadd[20, 256](a, b, out, 5000)
+    stream.synchronize()
+    torch.testing.assert_close(out, a + b)
+    assert launcher._current_raw_stream(0) == torch.cuda.current_stream().cuda_stream
 
 
 def test_non_contiguous_tensors_are_copied_for_const_pointers_and_refused_otherwise():
