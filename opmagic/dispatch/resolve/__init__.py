@@ -31,7 +31,7 @@ from ...errors import ArgumentsMismatchError
 from ..keys import KeyCatalogue, catalogue
 from ..ops import OpRef, op_ref, overloads_of
 from ..sites import label_callable
-from ..table import TableEntry, _OpTable
+from ..table import OperatorTable, TableEntry
 
 if TYPE_CHECKING:
     from ...view.graph import Diagram
@@ -122,7 +122,7 @@ def resolve(op: Any, *args: Any, **kwargs: Any) -> Resolution:
     ref = op_ref(op)
     if ref.overload is None:
         ref = ref.with_overload(_select_overload(ref, args, kwargs))
-    table = _OpTable(ref)
+    table = OperatorTable(ref)
     bound = _bind(ref, table.schema_obj, args, kwargs)
     return _Simulator(ref, table, bound).run()
 
@@ -291,7 +291,7 @@ Origin = Callable[[str, "str | None"], str]
 class _Simulator:
     """Walks one call through the dispatcher model, recording a Step per kernel."""
 
-    def __init__(self, ref: OpRef, table: _OpTable, bound: list[_Arg]) -> None:
+    def __init__(self, ref: OpRef, table: OperatorTable, bound: list[_Arg]) -> None:
         self.ref = ref
         self.table = table
         self.bound = bound
@@ -400,7 +400,7 @@ class _Simulator:
             args_raw |= value.raw
         candidates = args_raw | state.included
         after_tls = cat.minus(candidates, state.excluded)
-        keyset = cat.minus(after_tls, self.table.fallthrough_mask(cat, after_tls))
+        keyset = cat.minus(after_tls, self.table.fallthrough_mask(after_tls))
         kept = set(cat.names(keyset))
         skipped = []
         for name in cat.names(candidates):
