@@ -142,15 +142,18 @@ def _custom_op_lacks_fake(name: str) -> bool:
 
 
 def _keys(keys: Iterable[str] | str | None) -> list[str]:
-    known = catalogue()
+    key_catalogue = catalogue()
     if keys is None:
-        return [k for k in DEFAULT_KEYS if k in known.by_name]
+        return [k for k in DEFAULT_KEYS if k in key_catalogue.by_name]
     if isinstance(keys, str):
-        keys = [k.strip() for k in keys.split(",")] if keys != "all" else list(known.by_name)
+        if keys == "all":
+            keys = list(key_catalogue.by_name)
+        else:
+            keys = [k.strip() for k in keys.split(",")]
     wanted = list(keys)
-    unknown = [k for k in wanted if k not in known.by_name]
+    unknown = [k for k in wanted if k not in key_catalogue.by_name]
     if unknown:
-        aliases = [k for k in unknown if k in known.aliases]
+        aliases = [k for k in unknown if k in key_catalogue.aliases]
         hint = (
             f" {', '.join(map(repr, aliases))} "
             f"{'is an alias key' if len(aliases) == 1 else 'are alias keys'}:"

@@ -248,15 +248,15 @@ class OperatorTable:
         Mirrors ``DispatchKeyExtractor::nonFallthroughKeysPerBackend_``: a per-backend key
         (e.g. AutogradXLA) only counts when the keyset's backend is that backend.
         """
-        known = catalogue()
-        backend = known.backend_of(keyset)
+        key_catalogue = catalogue()
+        backend = key_catalogue.backend_of(keyset)
         mask = 0
         for key, (_, _, fallthrough) in self._computed.items():
-            if not fallthrough or key not in known.by_name:
+            if not fallthrough or key not in key_catalogue.by_name:
                 continue
-            info = known.by_name[key]
+            info = key_catalogue.by_name[key]
             if info.backend is None or info.backend == backend:
-                mask |= info.raw & ~known.backend_mask
+                mask |= info.raw & ~key_catalogue.backend_mask
         return mask
 
     def _make_entry(self, info: KeyInfo, computed: tuple[str, str, bool] | None) -> TableEntry:
