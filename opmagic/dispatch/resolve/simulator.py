@@ -47,8 +47,7 @@ class Simulator:
             custom_op=custom_op_state.custom_op_parts(opdef) if opdef is not None else None,
             custom_op_sites=library_hooks.custom_op_sites(opdef) if opdef is not None else set(),
         )
-        self.state = state
-        self.initial = dataclasses.replace(state, saved_tls=[], excluded_by=[])
+        self.initial = dataclasses.replace(state, saved_tls=[], excluded_by=[])  # as called
         self.steps: list[Step] = []
 
     def run(self) -> Resolution:
@@ -58,7 +57,7 @@ class Simulator:
         Keys the dispatcher passed over (excluded, fallthrough, masked by a redispatch) are
         recorded on the step of the next key that runs below them.
         """
-        catalogue = self.call.catalogue
+        catalogue, state = self.call.catalogue, self.call.state
         keyset, pending, origin_of = self._dispatch(via="dispatch")
         via = "dispatch"
         error: str | None = None
@@ -81,7 +80,7 @@ class Simulator:
                     skipped,
                     outcome.action,
                     outcome.note,
-                    self.state.assumed,
+                    state.assumed,
                 )
             )
             if outcome.action == "error":
@@ -90,7 +89,7 @@ class Simulator:
             if outcome.action in ("ends", "python"):
                 break
             if outcome.values is not None:
-                self.state.values = outcome.values
+                state.values = outcome.values
             if outcome.action == "redispatch":
                 assert outcome.keyset is not None
                 self._exclude(outcome.exclude, key)
@@ -121,14 +120,15 @@ class Simulator:
 
     def _exclude(self, bits: int, by: str) -> None:
         """Add keys to the TLS exclude set, remembering whose guard did it."""
-        added = bits & ~self.state.excluded
+        state = self.call.state
+        added = bits & ~state.excluded
         if added:
-            self.state.excluded_by.append((added, by))
-        self.state.excluded |= bits
+            state.excluded_by.append((added, by))
+        state.excluded |= bits
 
     def _enter_call(self, outcome: KernelOutcome, caller: str) -> None:
         """Apply what a kernel sets up before calling the op again."""
-        state = self.state
+        state = self.call.state
         if outcome.tls is not None:
             state.included, state.excluded = outcome.tls
             state.excluded_by.append((state.excluded & ~self.initial.excluded, caller))
@@ -146,7 +146,7 @@ class Simulator:
         ``((keys of the tensor arguments | TLS include) - TLS exclude)`` masked by the op's
         fallthrough keys, as ``DispatchKeyExtractor`` computes it.
         """
-        catalogue, state = self.call.catalogue, self.state
+        catalogue, state = self.call.catalogue, self.call.state
         argument_keys = 0
         for value in state.values:
             argument_keys |= value.keyset
