@@ -115,7 +115,7 @@ def comparison_text(comparison: Comparison, width: int | None = None) -> str:
         del columns[drop]
         for line in table:
             del line[drop]
-    lines = [heading(comparison)]
+    lines = textwrap.wrap(heading(comparison), width, subsequent_indent="    ")
     lines += [
         "  " + "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
         for line in table
@@ -128,7 +128,8 @@ def comparison_text(comparison: Comparison, width: int | None = None) -> str:
                 initial_indent="  ",
                 subsequent_indent="      ",
             )
-    lines.append(f"  values compared with {comparison.tolerances}; times are medians")
+    footer = f"values compared with {comparison.tolerances}; times are medians"
+    lines += textwrap.wrap(footer, width, initial_indent="  ", subsequent_indent="  ")
     return "\n".join(lines)
 
 
@@ -227,6 +228,7 @@ def comparison_plot(comparison: Comparison, bandwidth: bool = False) -> Figure:
     panels = ["time", "speedup"] + (["bandwidth"] if bandwidth else [])
     figure = Figure(figsize=(4.8 * len(panels), 3.8), layout="constrained")
     axes = dict(zip(panels, figure.subplots(1, len(panels), squeeze=False)[0], strict=True))
+    marked_failures = False  # the legend names the red x once
     for index, (name, rows) in enumerate(series.items()):
         rows = sorted(rows, key=lambda r: r.size)
         sizes = [r.size for r in rows]
@@ -273,8 +275,9 @@ def comparison_plot(comparison: Comparison, bandwidth: bool = False) -> Figure:
                 color=FAIL_COLOUR,
                 markersize=11,
                 markeredgewidth=2.5,
-                label="FAIL" if index == 0 else None,
+                label="_nolegend_" if marked_failures else "FAIL",
             )
+            marked_failures = True
     axes["speedup"].axhline(1.0, color=DIM_COLOUR, linewidth=1, linestyle=":")
     titles = {
         "time": ("time per call (µs)", "time per call"),
