@@ -23,6 +23,7 @@ from ..native import DEFAULT_OPT_LEVEL
 from ..native.cuda.library import compile_cuda_library
 from ..native.cuda.source import has_registration_blocks
 from .arguments import unquote
+from .compare import COMPARE_OPTION, compare_cell
 from .session import running_cell_number
 from .torch_library import CELL_BODY_FIRST_LINE, LibraryCells
 
@@ -103,6 +104,7 @@ class CudaKernelMagics(Magics, LibraryCells):
     )
     @argument("-f", "--force", action="store_true", help="full path: rebuild even if cached")
     @argument("-v", "--verbose", action="store_true", help="full path: print the commands")
+    @COMPARE_OPTION
     @cell_magic
     def cuda_kernel(self, line: str, cell: str) -> Any:
         """Compile the CUDA kernels of this cell and bind or register them.
@@ -133,16 +135,17 @@ class CudaKernelMagics(Magics, LibraryCells):
         raises NoGPUError. Re-running a cell replaces what it made.
         """
         args = parse_argstring(self.cuda_kernel, line)
+        magic = "%%cuda_kernel"
         if has_registration_blocks(cell):
             quick = [f"--{o}" for o in ("op", "launch", "schema") if getattr(args, o)]
             self._refuse(quick, "a cell with TORCH_LIBRARY blocks (the nvcc full path)")
-            return self._full_path(args, cell)
+            return compare_cell(self.shell, args.compare, self._full_path(args, cell), magic)
         full = [f"--{o}" for o in ("name", "cflags", "ldflags", "whole", "force", "verbose")]
         full = [o for o in full if getattr(args, o[2:])]
         full += ["--opt"] * (args.opt_level is not None)
         full += ["--no-pch"] * (args.precompiled_headers is False)
         self._refuse(full, 'a cell of extern "C" kernels (the NVRTC quick path)')
-        return self._quick_path(args, line, cell)
+        return compare_cell(self.shell, args.compare, self._quick_path(args, line, cell), magic)
 
     @staticmethod
     def _refuse(given: list[str], what: str) -> None:

@@ -26,6 +26,7 @@ from ..cells.session import active_session
 from ..errors import BuildOptionError, CompileError
 from ..native import DEFAULT_OPT_LEVEL, BuildProgress, LoadedLibrary, compile_library
 from ..native.progress import stderr_progress
+from .compare import COMPARE_OPTION, compare_cell
 from .session import running_cell_number
 
 _BLOCK = re.compile(r"\bTORCH_LIBRARY(?P<kind>_FRAGMENT|_IMPL)?\s*\((?P<args>[^)]*)\)")
@@ -193,6 +194,7 @@ class TorchLibraryMagics(Magics, LibraryCells):
     )
     @argument("-f", "--force", action="store_true", help="rebuild even if a cached build exists")
     @argument("-v", "--verbose", action="store_true", help="print the compiler commands and output")
+    @COMPARE_OPTION
     @cell_magic
     def torch_library(self, line: str, cell: str) -> LoadedLibrary:
         """Compile the cell (C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks), load it,
@@ -205,7 +207,7 @@ class TorchLibraryMagics(Magics, LibraryCells):
         the previous version of the cell stays loaded.
         """
         args = parse_argstring(self.torch_library, line)
-        return self._load(
+        library = self._load(
             cell,
             "%%torch_library",
             functools.partial(
@@ -221,3 +223,4 @@ class TorchLibraryMagics(Magics, LibraryCells):
                 verbose=args.verbose,
             ),
         )
+        return compare_cell(self.shell, args.compare, library, "%%torch_library")
