@@ -89,7 +89,7 @@ class CaseResult:
     reference_timing: Measurement | None
     backward_timing: Measurement | None  # forward + backward, with ``backward=True``
     reference_backward_timing: Measurement | None
-    bytes: int | None  # bytes of the tensor arguments and the reference's tensor outputs
+    nbytes: int | None  # bytes of the tensor arguments and the reference's tensor outputs
 
     @property
     def status(self) -> str:
@@ -111,8 +111,7 @@ class CaseResult:
     @property
     def label(self) -> str:
         """The case in a few words: ``"float32 cpu, size 4096"``."""
-        size = f", size {self.size}" if self.size is not None else ""
-        return f"{self.dtype} {self.device}{size}"
+        return case_label(self.dtype, self.device, self.size)
 
     @property
     def time(self) -> float | None:
@@ -145,12 +144,12 @@ class CaseResult:
     @property
     def bandwidth(self) -> float | None:
         """The candidate's achieved bandwidth in GB/s (bytes in and out / time)."""
-        return _bandwidth(self.bytes, self.time)
+        return _bandwidth(self.nbytes, self.time)
 
     @property
     def reference_bandwidth(self) -> float | None:
         """The reference's achieved bandwidth in GB/s."""
-        return _bandwidth(self.bytes, self.reference_time)
+        return _bandwidth(self.nbytes, self.reference_time)
 
 
 def _bandwidth(size: int | None, seconds: float | None) -> float | None:
@@ -345,9 +344,13 @@ class _Case:
     @property
     def label(self) -> str:
         """How the progress bar names the case."""
-        parts = [_dtype_name(self.dtype) if self.dtype else "", str(self.device or "")]
-        size = f"size {self.size}" if self.size is not None else ""
-        return " ".join(p for p in [*parts, size] if p) or "case"
+        dtype = _dtype_name(self.dtype) if self.dtype is not None else "-"
+        return case_label(dtype, str(self.device or "-"), self.size)
+
+
+def case_label(dtype: str, device: str, size: int | None) -> str:
+    """A case in a few words: ``"float32 cpu, size 4096"``."""
+    return f"{dtype} {device}" + (f", size {size}" if size is not None else "")
 
 
 def _plan(
@@ -458,7 +461,7 @@ def _device(value: torch.device | str) -> torch.device:
 
 def _default_device() -> torch.device:
     """CUDA when a GPU can run kernels here, else the CPU."""
-    return torch.device("cuda" if gpu_unavailable_reason() is None else "cpu")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _as_tuple(arguments: Any) -> tuple:
@@ -499,12 +502,14 @@ def _run_case(
     reference_args, candidate_args = _fresh(args), _fresh(args)
     try:
         expected = reference(*reference_args)
+        _synchronize(device)  # a kernel's asynchronous error belongs to the call that ran it
     except Exception as error:
         return result(
             [Mismatch("error", "reference", _first_line(error))], no_errors, no_timings, None
         )
     try:
         actual = candidate(*candidate_args)
+        _synchronize(device)
     except Exception as error:
         return result(
             [Mismatch("error", "candidate", _first_line(error))], no_errors, no_timings, None
@@ -815,19 +820,22 @@ def _clock(device: torch.device) -> Callable[[], float]:
     """The benchmark's clock for ``device``: synchronised with it unless it is the CPU."""
     if device.type == "cpu":
         return timeit.default_timer
-    if device.type == "cuda":
 
-        def synchronised() -> float:
-            torch.cuda.synchronize(device)
-            return timeit.default_timer()
-
-        return synchronised
-
-    def accelerator_synchronised() -> float:
-        torch.accelerator.synchronize(device)
+    def synchronised() -> float:
+        _synchronize(device)
         return timeit.default_timer()
 
-    return accelerator_synchronised
+    return synchronised
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the kernels queued on ``device`` (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is not None and accelerator.type == device.type:  # xpu, mps, ...
+        torch.accelerator.synchronize(device)
 
 
 def _first_line(error: BaseException) -> str:

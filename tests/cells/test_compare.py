@@ -227,8 +227,8 @@ def test_timings_are_measurements_of_the_benchmark_timer(ops, monkeypatch) -> No
     row = result.rows[0]
     assert row.time == row.timing.median and row.reference_time == row.reference_timing.median
     assert row.speedup == row.reference_time / row.time
-    assert row.bytes == 3 * 64 * 4  # two float32 inputs and the output
-    assert row.bandwidth == row.bytes / row.time / 1e9
+    assert row.nbytes == 3 * 64 * 4  # two float32 inputs and the output
+    assert row.bandwidth == row.nbytes / row.time / 1e9
 
 
 def test_the_clock_synchronises_cuda_before_every_reading(monkeypatch) -> None:
@@ -263,7 +263,7 @@ def test_an_interrupted_sweep_keeps_the_rows_measured_so_far(ops) -> None:
     assert [r.size for r in result.rows] == [8, 16]
     assert result.summary == "interrupted after 2 of 4 cases; all pass"
     assert [(e.done, e.finished) for e in events] == [(0, False), (1, False), (2, False), (2, True)]
-    assert events[-1].stopped and events[1].case == "float32 cpu size 16"
+    assert events[-1].stopped and events[1].case == "float32 cpu, size 16"
 
 
 @pytest.mark.slow

@@ -93,9 +93,9 @@ def test_the_plot_has_time_and_speedup_per_dtype_and_bandwidth_when_asked(mixed)
 
 
 def test_progress_reads_as_a_bar_and_says_how_the_sweep_ended() -> None:
-    running = SweepProgress(3, 12, "float32 cpu size 4096", 1.25)
+    running = SweepProgress(3, 12, "float32 cpu, size 4096", 1.25)
     assert str(running) == (
-        "compare █████░░░░░░░░░░░░░░░ 3/12 cases · float32 cpu size 4096 · 1.2 s"
+        "compare █████░░░░░░░░░░░░░░░ 3/12 cases · float32 cpu, size 4096 · 1.2 s"
     )
     assert '<progress value="3" max="12"></progress>' in running._repr_html_()
     stopped = SweepProgress(5, 12, "", 2.0, finished=True, stopped=True)
