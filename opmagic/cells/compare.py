@@ -456,6 +456,8 @@ def _device(value: torch.device | str) -> torch.device:
         reason = gpu_unavailable_reason()
         if reason is not None:
             raise CompareError(f"Cannot compare on {str(value)!r}. {reason}")
+        if device.index is None:  # rows and headings say which GPU ran
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
