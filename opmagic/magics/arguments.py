@@ -3,7 +3,8 @@
 An :class:`Option` is an argparse argument as data. A bundle (a tuple of options) is
 applied to a magic with :func:`with_options`, as IPython's ``script_args`` does, or to an
 argparse parser with :func:`add_options`: ``%%torch_library`` and ``%%cuda_kernel`` share
-:data:`BUILD_OPTIONS`; ``%dispatch`` and the CLI's ``resolve`` share :data:`CONTEXT_OPTIONS`.
+:data:`BUILD_OPTIONS`, the three cell magics :data:`COMPARE_OPTIONS`; ``%dispatch`` and the
+CLI's ``resolve`` share :data:`CONTEXT_OPTIONS`.
 """
 
 from __future__ import annotations
@@ -110,6 +111,23 @@ def call_context(options: argparse.Namespace) -> CallContext:
         fake=options.fake,
         logging=options.logging_mode,
     )
+
+
+# ---------------------------------------------------------------- comparing a cell's op
+
+COMPARE_OPTIONS: tuple[Option, ...] = (  # of %%custom_op, %%torch_library and %%cuda_kernel
+    Option(
+        ("--compare",),
+        {
+            "default": None,
+            "metavar": "SPEC",
+            "help": "after the cell registered its op, compare it with a reference and time "
+            "both: SPEC is %%compare's arguments with the cell's op as the candidate, e.g. "
+            '--compare "torch.sin --inputs make_inputs --sizes 1024 65536" (%%compare? says '
+            "more)",
+        },
+    ),
+)
 
 
 # ---------------------------------------------------------------- C++ and CUDA builds

@@ -21,7 +21,15 @@ from ..cells.session import active_session
 from ..errors import CompileError, OpmagicError
 from ..native.cuda.library import compile_cuda_library
 from ..native.cuda.source import has_registration_blocks
-from .arguments import BUILD_OPTIONS, build_keywords, given_build_options, unquote, with_options
+from .arguments import (
+    BUILD_OPTIONS,
+    COMPARE_OPTIONS,
+    build_keywords,
+    given_build_options,
+    unquote,
+    with_options,
+)
+from .compare import compare_cell
 from .session import running_cell_number
 from .torch_library import CELL_BODY_FIRST_LINE, load_library_cell
 
@@ -71,6 +79,7 @@ class CudaKernelMagics(Magics):
         "(slower: nvcc reads torch's headers; for cells the split cannot handle)",
     )
     @with_options(BUILD_OPTIONS)  # -I for both paths; the rest for the full path's host build
+    @with_options(COMPARE_OPTIONS)
     @cell_magic
     def cuda_kernel(self, line: str, cell: str) -> Any:
         """Compile the CUDA kernels of this cell and bind or register them.
@@ -101,15 +110,16 @@ class CudaKernelMagics(Magics):
         raises NoGPUError. Re-running a cell replaces what it made.
         """
         args = parse_argstring(self.cuda_kernel, line)
+        magic = "%%cuda_kernel"
         if has_registration_blocks(cell):
             quick = [f"--{o}" for o in ("op", "launch", "schema") if getattr(args, o)]
             self._refuse(quick, "a cell with TORCH_LIBRARY blocks (the nvcc full path)")
-            return self._full_path(args, cell)
+            return compare_cell(self.shell, args.compare, self._full_path(args, cell), magic)
         # -I applies to both paths (CUDA's own headers are found by themselves)
         full = [o for o in given_build_options(args) if o != "--include"]
         full += ["--whole"] * args.whole
         self._refuse(full, 'a cell of extern "C" kernels (the NVRTC quick path)')
-        return self._quick_path(args, line, cell)
+        return compare_cell(self.shell, args.compare, self._quick_path(args, line, cell), magic)
 
     @staticmethod
     def _refuse(given: list[str], what: str) -> None:

@@ -26,7 +26,8 @@ from ..cells.session import active_session
 from ..errors import BuildOptionError, CompileError, OpmagicError
 from ..native import BuildProgress, LoadedLibrary, compile_library
 from ..native.progress import stderr_progress
-from .arguments import BUILD_OPTIONS, build_keywords, with_options
+from .arguments import BUILD_OPTIONS, COMPARE_OPTIONS, build_keywords, with_options
+from .compare import compare_cell
 from .session import running_cell_number
 
 _BLOCK = re.compile(r"\bTORCH_LIBRARY(?P<kind>_FRAGMENT|_IMPL)?\s*\((?P<args>[^)]*)\)")
@@ -121,6 +122,7 @@ class TorchLibraryMagics(Magics):
 
     @magic_arguments()
     @with_options(BUILD_OPTIONS)
+    @with_options(COMPARE_OPTIONS)
     @cell_magic
     def torch_library(self, line: str, cell: str) -> LoadedLibrary:
         """Compile the cell (C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks), load it,
@@ -134,4 +136,5 @@ class TorchLibraryMagics(Magics):
         """
         args = parse_argstring(self.torch_library, line)
         build = functools.partial(compile_library, cell, **build_keywords(args))
-        return load_library_cell(self.shell, cell, "%%torch_library", build)
+        library = load_library_cell(self.shell, cell, "%%torch_library", build)
+        return compare_cell(self.shell, args.compare, library, "%%torch_library")
