@@ -64,6 +64,27 @@ def add_options(parser: argparse.ArgumentParser, bundle: tuple[Option, ...]) -> 
         parser.add_argument(*option.flags, **option.spec)
 
 
+def parse_options(magic: Callable[..., Any], line: str) -> argparse.Namespace:
+    """A magic's parsed option line (``@magic_arguments``), a trailing ``# comment`` left out
+    as it is in Python, so that a line can carry a note like the rest of a cell."""
+    from IPython.core.magic_arguments import parse_argstring
+
+    return parse_argstring(magic, without_comment(line))
+
+
+def without_comment(line: str) -> str:
+    """``line`` up to a ``#`` that starts a word outside quotes (a shell-style comment)."""
+    quote = None
+    for index, char in enumerate(line):
+        if quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index].rstrip()
+    return line
+
+
 def unquote(text: str | None) -> str | None:
     """An option value without the quotes IPython's argument splitting leaves on it."""
     if text is not None and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":

@@ -13,7 +13,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from ..cells.compare import DEFAULT_MIN_RUN_TIME, Comparison, compare
@@ -22,7 +22,7 @@ from ..cells.custom_op import CustomOpResult
 from ..dispatch.ops import is_operator_name
 from ..errors import OpmagicError
 from ..native import LoadedLibrary
-from .arguments import unquote
+from .arguments import parse_options, unquote
 
 _EXAMPLE = "%compare my_add torch.add --inputs make_inputs --sizes 1024 65536"
 _CELL_EXAMPLE = '--compare "torch.add --inputs make_inputs --sizes 1024 65536"'
@@ -109,7 +109,7 @@ def run_compare(shell: Any, line: str, magic: str, cell_result: Any = None) -> C
     two functions.
     """
     try:
-        args = parse_argstring(CompareMagics.compare, line)
+        args = parse_options(CompareMagics.compare, line)
     except UsageError as error:  # argparse's message, without the magic's name
         example = _CELL_EXAMPLE if magic.endswith("--compare") else _EXAMPLE
         raise UsageError(f"{magic}: {error}. Write e.g. {example}") from None

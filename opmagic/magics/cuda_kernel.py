@@ -14,7 +14,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.cuda_kernel import CudaKernelResult, cuda_kernel_from_source
 from ..cells.session import active_session
@@ -26,6 +26,7 @@ from .arguments import (
     COMPARE_OPTIONS,
     build_keywords,
     given_build_options,
+    parse_options,
     unquote,
     with_options,
 )
@@ -109,7 +110,7 @@ class CudaKernelMagics(Magics):
         Without a GPU both paths compile (errors point at cell lines) and register; launching
         raises NoGPUError. Re-running a cell replaces what it made.
         """
-        args = parse_argstring(self.cuda_kernel, line)
+        args = parse_options(self.cuda_kernel, line)
         magic = "%%cuda_kernel"
         if has_registration_blocks(cell):
             quick = [f"--{o}" for o in ("op", "launch", "schema") if getattr(args, o)]

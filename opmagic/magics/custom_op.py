@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.custom_op import CustomOpResult, custom_op_from_source
 from ..errors import OpmagicError
-from .arguments import COMPARE_OPTIONS, unquote, with_options
+from .arguments import COMPARE_OPTIONS, parse_options, unquote, with_options
 from .compare import compare_cell
 from .session import running_cell_number
 
@@ -103,7 +103,7 @@ class CustomOpMagics(Magics):
             def _(x):
                 return torch.empty_like(x)
         """
-        args = parse_argstring(self.custom_op, line)
+        args = parse_options(self.custom_op, line)
         mutates = unquote(args.mutates_args) or ""
         device_types = unquote(args.device_types)
         devices = _names(device_types) if device_types is not None else None

@@ -13,10 +13,11 @@ import re
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.session import Session, SessionReport
 from ..dispatch.sites import add_labeler, remove_labeler
+from .arguments import parse_options
 
 _INPUT_CELL = re.compile(r"^<ipython-input-(\d+)-")
 
@@ -118,5 +119,5 @@ class SessionMagics(Magics):
         Re-running a cell replaces what it registered before; ``%unload_ext opmagic``
         removes everything listed here.
         """
-        parse_argstring(self.opmagic, line)
+        parse_options(self.opmagic, line)
         return self.cells.session.report()

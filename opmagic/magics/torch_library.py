@@ -19,14 +19,14 @@ from collections.abc import Callable
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import magic_arguments, parse_argstring
+from IPython.core.magic_arguments import magic_arguments
 from IPython.display import display
 
 from ..cells.session import active_session
 from ..errors import BuildOptionError, CompileError, OpmagicError
 from ..native import BuildProgress, LoadedLibrary, compile_library
 from ..native.progress import stderr_progress
-from .arguments import BUILD_OPTIONS, COMPARE_OPTIONS, build_keywords, with_options
+from .arguments import BUILD_OPTIONS, COMPARE_OPTIONS, build_keywords, parse_options, with_options
 from .compare import compare_cell
 from .session import running_cell_number
 
@@ -134,7 +134,7 @@ class TorchLibraryMagics(Magics):
         $XDG_CACHE_HOME/opmagic. A compile error stops the run and points at the cell line;
         the previous version of the cell stays loaded.
         """
-        args = parse_argstring(self.torch_library, line)
+        args = parse_options(self.torch_library, line)
         build = functools.partial(compile_library, cell, **build_keywords(args))
         library = load_library_cell(self.shell, cell, "%%torch_library", build)
         return compare_cell(self.shell, args.compare, library, "%%torch_library")

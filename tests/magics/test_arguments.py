@@ -13,6 +13,7 @@ from opmagic.magics.arguments import (
     call_context,
     given_build_options,
     unquote,
+    without_comment,
 )
 
 
@@ -54,3 +55,18 @@ def test_build_options_become_compile_library_keywords() -> None:
     assert keywords["include_dirs"] == ["/x"] and keywords["extra_cflags"] == "-DA=1"
     assert keywords["precompiled_headers"] is True and keywords["force"] is True
     assert build_keywords(parser.parse_args(["--no-pch"]))["precompiled_headers"] is False
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("mylib --missing Meta   # ops without a Meta kernel", "mylib --missing Meta"),
+        ('--cflags="-DA=1 #not a comment"  # but this is', '--cflags="-DA=1 #not a comment"'),
+        ("--name a#b", "--name a#b"),  # a # inside a word is part of it
+        ("# all comment", ""),
+        ("no comment", "no comment"),
+        ("'unclosed # quote", "'unclosed # quote"),
+    ],
+)
+def test_option_lines_drop_a_trailing_comment(line, expected):
+    assert without_comment(line) == expected
