@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import view  # noqa: F401  (importing it registers the renderers)
 from .cells.checks import CheckReport, CheckRow, check_op
+from .cells.compare import CaseResult, Comparison, Mismatch, SweepProgress, compare
 from .cells.cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
 from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .cells.session import Session, SessionReport, active_session, registration_site
@@ -30,6 +31,7 @@ from .errors import (
     ArgumentsMismatchError,
     BuildError,
     CellSourceError,
+    CompareError,
     CompileError,
     CudaToolkitError,
     ForeignOperatorError,
@@ -84,9 +86,12 @@ __all__ = [
     "ArgumentsMismatchError",
     "BuildError",
     "CallContext",
+    "CaseResult",
     "CellSourceError",
     "CheckReport",
     "CheckRow",
+    "CompareError",
+    "Comparison",
     "CompileError",
     "CudaKernel",
     "CudaKernelResult",
@@ -99,6 +104,7 @@ __all__ = [
     "KernelRow",
     "KeyInfo",
     "LoadedLibrary",
+    "Mismatch",
     "NoGPUError",
     "NotAnOperatorError",
     "OperatorNameError",
@@ -109,12 +115,14 @@ __all__ = [
     "Session",
     "SessionReport",
     "Step",
+    "SweepProgress",
     "TableEntry",
     "ToolchainError",
     "UnknownOperatorError",
     "active_session",
     "cdiv",
     "check_op",
+    "compare",
     "compile_cuda_kernels",
     "compile_cuda_library",
     "compile_library",

@@ -282,5 +282,6 @@ def refresh_operators(qualnames: Iterable[str]) -> None:
         if namespace is None or name not in vars(namespace):
             continue
         delattr(namespace, name)
-        if name in namespace._dir:
-            namespace._dir.remove(name)
+        names = getattr(namespace, "_dir", None)
+        if isinstance(names, list) and name in names:
+            names.remove(name)

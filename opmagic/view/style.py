@@ -28,7 +28,9 @@ KIND_FILLS = {
     "ambiguous": "#ffebee",
     "missing": "#ffebee",
 }
-STATUS_COLOURS = {"pass": "#2e7d32", "FAIL": "#c62828", "skip": "#9e9e9e"}  # check results
+# check and comparison results
+STATUS_COLOURS = {"pass": "#2e7d32", "FAIL": "#c62828", "error": "#c62828", "skip": "#9e9e9e"}
+FAIL_FILL = "#ffebee"  # the background of failing rows
 PATH_COLOUR = "#0d47a1"  # the call's path in diagrams
 FAIL_COLOUR = "#c62828"  # where dispatch fails
 DIM_COLOUR = "#9e9e9e"  # keys passed over

@@ -98,3 +98,17 @@ def test_key_names_and_operator_objects():
     assert dispatcher.operator_parts(torch.ops.aten.add) == ("aten", "add", None)
     assert dispatcher.operator_parts("aten::add") is None
     assert dispatcher.operator_parts(torch.add) is None
+
+
+def test_refresh_operators_forgets_stale_packets_on_every_torch():
+    lib = torch.library.Library("shim_refresh", "FRAGMENT")
+    try:
+        lib.define("op(Tensor x) -> Tensor")
+        packet = torch.ops.shim_refresh.op
+        assert "op" in vars(torch.ops.shim_refresh)
+        # torch 2.11 has no torch.library._clear_torch_ops_cache: opmagic must not need it
+        dispatcher.refresh_operators(["shim_refresh::op", "shim_refresh::never.made", "nons::x"])
+        assert "op" not in vars(torch.ops.shim_refresh)
+        assert torch.ops.shim_refresh.op is not packet  # made again on next use
+    finally:
+        lib._destroy()

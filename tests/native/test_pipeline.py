@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from opmagic.native import BuildProgress, compile_library
+from opmagic.native.toolchain import find_toolchain
 
 from .sources import op_source
 
@@ -113,6 +114,37 @@ def test_options_reach_the_compiler(loaded, tmp_path):
     loaded.append(rebuilt)
     assert not rebuilt.build.cached
     assert torch.ops.cl_options.scale(torch.ones(1)).item() == 108.0
+
+
+def test_a_gcc_without_a_shared_libstdcxx_links_the_process_one(loaded, tmp_path, monkeypatch):
+    # the GPU machine's $CXX: a GCC whose libstdc++.so is a dangling symlink beside a real
+    # libstdc++.a; ld.gold could not link, ld.bfd linked libstdc++ statically (a crash on load)
+    static = subprocess.run(
+        ["g++", "-print-file-name=libstdc++.a"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if not os.path.isfile(static):
+        pytest.skip("needs GCC's libstdc++.a")
+    gcc = tmp_path / "gcc"
+    gcc.mkdir()
+    (gcc / "libstdc++.so").symlink_to("../missing/libstdc++.so.6")
+    (gcc / "libstdc++.a").symlink_to(static)
+    cxx = tmp_path / "g++"
+    cxx.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *-print-file-name=libstdc++.so*) echo libstdc++.so; exit 0;; esac\n'
+        f'exec g++ -L{gcc} "$@"\n'
+    )
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    toolchain = find_toolchain()
+    assert os.path.basename(toolchain.libstdcxx).startswith("libstdc++.so") and not toolchain.gold
+    library = compile_library(op_source("cl_nostdcxx"), precompiled_headers=False, progress=None)
+    loaded.append(library)
+    assert torch.ops.cl_nostdcxx.scale(torch.ones(1)).item() == 2.0
+    dynamic = subprocess.run(
+        ["readelf", "-d", str(library.path)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "[libstdc++.so.6]" in dynamic  # the shared one, not a static copy
 
 
 @pytest.mark.slow
