@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..dispatch.contexts import CallContext
-from ..native.library import DEFAULT_OPT_LEVEL
+from ..native.options import DEFAULT_OPT_LEVEL
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

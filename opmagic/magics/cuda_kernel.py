@@ -19,8 +19,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..cells.cuda_kernel import CudaKernelResult, cuda_kernel_from_source
 from ..cells.session import active_session
 from ..errors import CompileError, OpmagicError
+from ..native.blocks import scan_blocks
 from ..native.cuda.library import compile_cuda_library
-from ..native.cuda.source import has_registration_blocks
 from .arguments import (
     BUILD_OPTIONS,
     COMPARE_OPTIONS,
@@ -112,7 +112,7 @@ class CudaKernelMagics(Magics):
         """
         args = parse_options(self.cuda_kernel, line)
         magic = "%%cuda_kernel"
-        if has_registration_blocks(cell):
+        if scan_blocks(cell):
             quick = [f"--{o}" for o in ("op", "launch", "schema") if getattr(args, o)]
             self._refuse(quick, "a cell with TORCH_LIBRARY blocks (the nvcc full path)")
             return compare_cell(self.shell, args.compare, self._full_path(args, cell), magic)

@@ -14,7 +14,6 @@ and ``TORCH_LIBRARY_FRAGMENT`` namespaces.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -25,26 +24,23 @@ from IPython.display import display
 from ..cells.session import active_session
 from ..errors import BuildOptionError, CompileError, OpmagicError
 from ..native import BuildProgress, LoadedLibrary, compile_library
+from ..native.blocks import scan_blocks
 from ..native.progress import stderr_progress
 from .arguments import BUILD_OPTIONS, COMPARE_OPTIONS, build_keywords, parse_options, with_options
 from .compare import compare_cell
 from .session import running_cell_number
 
-_BLOCK = re.compile(r"\bTORCH_LIBRARY(?P<kind>_FRAGMENT|_IMPL)?\s*\((?P<args>[^)]*)\)")
 CELL_BODY_FIRST_LINE = 2  # line 1 of a %%torch_library cell is the magic line
 
 
 def cell_identity(source: str) -> tuple:
     """What a cell without a cell id is recognised by across runs (see the module doc)."""
     defined, pieces = [], []
-    for match in _BLOCK.finditer(source):
-        args = [a.strip() for a in match["args"].split(",")]
-        if match["kind"] is None:
-            defined.append(args[0])
-        elif match["kind"] == "_IMPL" and len(args) == 3:
-            pieces.append((args[0], args[1]))
+    for block in scan_blocks(source):
+        if block.kind == "DEF":
+            defined.append(block.namespace)
         else:
-            pieces.append((args[0], "FRAGMENT"))
+            pieces.append((block.namespace, block.key or "FRAGMENT"))
     if defined:
         return ("defines", tuple(sorted(set(defined))))
     return ("registers", tuple(sorted(set(pieces))))

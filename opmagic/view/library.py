@@ -14,7 +14,7 @@ from ..native.library import LoadedLibrary
 from .style import FAIL_COLOUR, styled
 
 if TYPE_CHECKING:
-    from ..native.registrations import NewKernel
+    from ..native.snapshots import NewKernel
 
 
 def build_summary(library: LoadedLibrary) -> str:
