@@ -18,12 +18,17 @@ from .dispatch import (
     OverloadTables,
     Resolution,
     Step,
+    Surprise,
+    Surprises,
     TableEntry,
+    Trace,
+    TracedCall,
     dispatch_table,
     kernels,
     key_info,
     resolve,
     runtime_keys,
+    trace,
 )
 from .dispatch.contexts import CallContext
 from .errors import (
@@ -109,8 +114,12 @@ __all__ = [
     "Session",
     "SessionReport",
     "Step",
+    "Surprise",
+    "Surprises",
     "TableEntry",
     "ToolchainError",
+    "Trace",
+    "TracedCall",
     "UnknownOperatorError",
     "active_session",
     "cdiv",
@@ -127,4 +136,5 @@ __all__ = [
     "registration_site",
     "resolve",
     "runtime_keys",
+    "trace",
 ]
