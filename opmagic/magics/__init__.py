@@ -18,6 +18,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("torch_library", "TorchLibraryMagics"),
     ("cuda_kernel", "CudaKernelMagics"),
     ("views", "ViewMagics"),
+    ("trace", "TraceMagics"),
 ]
 
 
