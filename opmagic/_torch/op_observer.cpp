@@ -8,11 +8,13 @@
 //
 // Each call is logged as an enter and an exit event. An enter event names a "segment" (the
 // kernels the call runs, which opmagic's Python side works out with resolve): the observer
-// asks Python for it (`describe`) unless the same operator was already described this trace
-// for the same dispatch state (thread-local key sets, grad and inference mode, the keys of
-// every tensor argument, device/dtype/layout arguments). Calls whose path depends on Python
-// objects (dispatch modes, tensor subclasses, functorch transforms, functionalization) always
-// ask. So the common call costs a few microseconds and no Python.
+// asks Python for it (`describe`) unless the same operator was already described for the
+// same dispatch state (thread-local key sets, grad and inference mode, the keys of every
+// tensor argument, device/dtype/layout arguments). Those answers are kept across logs; the
+// first time a log sees an operator, `check` says whether its registrations changed since
+// (then its answers are dropped). Calls whose path depends on Python objects (dispatch modes,
+// tensor subclasses, functorch transforms, functionalization) always ask. So the common call
+// costs a few microseconds and no Python.
 //
 // Built once per torch, Python and compiler by opmagic/_torch/op_observer.py.
 
@@ -102,14 +104,18 @@ struct KeyHash {
 
 struct Recorder {
   PyObject* describe = nullptr;  // describe(op, name, overload, inputs, python_decides)
-  PyObject* error = nullptr;     // the first exception `describe` raised: logging stops
+  PyObject* check = nullptr;     // check(op, name, overload): are its answers still valid?
+  PyObject* error = nullptr;     // the first exception a callback raised: logging stops
   at::CallbackHandle handle = 0;
   bool busy = false;
   int64_t overhead = 0;
   std::vector<Event> events;
+  // Kept across logs:
   std::vector<OpEntry> ops;
   std::unordered_map<const char*, int> op_index;  // by the schema's name (stable) pointer
-  std::unordered_map<std::vector<uint64_t>, int, KeyHash> segments;
+  std::unordered_map<std::vector<uint64_t>, int, KeyHash> segments;  // key[0]: the op
+  std::vector<bool> checked;  // per op: `check` asked during this log
+  std::string owner;  // whose answers the kept ones are: another owner starts afresh
 };
 
 thread_local Recorder t_recorder;
@@ -126,12 +132,63 @@ struct BusyGuard {
   BusyGuard& operator=(const BusyGuard&) = delete;
 };
 
+void keep_error(const py::object& exception);
+
+// A Python value for an argument. Tensors stay tensors: torch::jit::toPyObject would turn a
+// wrapped number (the 1 of `x + 1`) into a Python int, but the call received a tensor.
+py::object to_python(const c10::IValue& value) {
+  if (value.isTensor()) {
+    return py::cast(value.toTensor());
+  }
+  if (value.isList()) {
+    py::list items;
+    for (const auto& item : value.toListRef()) {
+      items.append(to_python(item));
+    }
+    return items;
+  }
+  return torch::jit::toPyObject(value);
+}
+
+// Whether the operator's answers are still valid (asks Python once per log and operator);
+// drops them when they are not. false also when `check` raised (logging stops).
+bool checked_op(Recorder& recorder, int index) {
+  if (recorder.checked[index]) {
+    return true;
+  }
+  recorder.checked[index] = true;
+  const OpEntry& op = recorder.ops[index];
+  bool valid = false;
+  {
+    BusyGuard busy;
+    py::gil_scoped_acquire gil;
+    py::error_scope pending;
+    try {
+      valid = py::handle(recorder.check)(index, op.name, op.overload).cast<bool>();
+    } catch (py::error_already_set& error) {
+      keep_error(error.value());
+      return false;
+    }
+  }
+  if (!valid) {
+    for (auto it = recorder.segments.begin(); it != recorder.segments.end();) {
+      it = it->first[0] == static_cast<uint64_t>(index) ? recorder.segments.erase(it) : ++it;
+    }
+  }
+  return true;
+}
+
 // The operator behind a RecordFunction, or -1 for a named range (RECORD_FUNCTION("...")).
 int op_of(const at::RecordFunction& fn, Recorder& recorder) {
   const char* name = fn.name();
   auto found = recorder.op_index.find(name);
   if (found != recorder.op_index.end()) {
-    return found->second;
+    int index = found->second;
+    const OpEntry& op = recorder.ops[index];
+    if (recorder.checked[index] || (op.name == name && op.overload == fn.overload_name())) {
+      return index;
+    }
+    recorder.op_index.erase(found);  // the operator went away and another took its place
   }
   auto op_name = fn.operator_name();
   if (!op_name.has_value()) {
@@ -150,8 +207,9 @@ int op_of(const at::RecordFunction& fn, Recorder& recorder) {
     }
   }
   recorder.ops.push_back(std::move(entry));
+  recorder.checked.push_back(false);
   int index = static_cast<int>(recorder.ops.size()) - 1;
-  recorder.op_index.emplace(name, index);  // the schema outlives the trace's calls
+  recorder.op_index.emplace(name, index);  // the schema lives as long as the operator
   return index;
 }
 
@@ -271,7 +329,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   int64_t began = now_ns();
   int op_index = op_of(fn, recorder);
-  if (op_index < 0) {
+  if (op_index < 0 || !checked_op(recorder, op_index)) {
     return nullptr;
   }
   const OpEntry& op = recorder.ops[op_index];
@@ -290,7 +348,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     try {
       py::tuple values(inputs.size());
       for (size_t i = 0; i < inputs.size(); ++i) {
-        values[i] = torch::jit::toPyObject(inputs[i]);
+        values[i] = to_python(inputs[i]);
       }
       py::tuple answer = py::handle(recorder.describe)(op_index, op.name, op.overload, values, !cached);
       event.segment = answer[0].cast<int>();
@@ -331,13 +389,21 @@ void on_exit(const at::RecordFunction& /*fn*/, at::ObserverContext* context) {
   recorder.overhead += now_ns() - began;
 }
 
-void start(py::object describe) {
+void start(py::object describe, py::object check, const std::string& owner) {
   Recorder& recorder = t_recorder;
   if (recorder.handle != 0) {
     throw std::runtime_error("the operator observer is already running on this thread");
   }
+  if (owner != recorder.owner) {  // segment ids mean something to their owner only
+    recorder.ops.clear();
+    recorder.op_index.clear();
+    recorder.segments.clear();
+    recorder.owner = owner;
+  }
   recorder.describe = describe.release().ptr();
+  recorder.check = check.release().ptr();
   recorder.overhead = 0;
+  recorder.checked.assign(recorder.ops.size(), false);
   recorder.handle = at::addThreadLocalCallback(
       at::RecordFunctionCallback(&on_enter, &on_exit)
           .needsInputs(true)
@@ -393,7 +459,8 @@ py::object arguments_tuple(const Event& event) {
   return py::make_tuple(kinds, values);
 }
 
-// Stop and hand over the log: (ops, events, error). ops: (name, overload) per index; events:
+// Stop and hand over the log: (ops, events, error). ops: (name, overload) per index (indices
+// stay valid across logs); events:
 // (op, segment, time, overhead, arguments) for an enter, (-1, unwinding, time, overhead, None)
 // for an exit; error: the exception `describe` raised (logging stopped there) or None.
 // Arguments a Python description summarised come as Python gave them; others as (kinds,
@@ -425,10 +492,8 @@ py::tuple stop() {
       ? py::none()
       : py::reinterpret_steal<py::object>(std::exchange(recorder.error, nullptr));
   Py_CLEAR(recorder.describe);
+  Py_CLEAR(recorder.check);
   recorder.events.clear();
-  recorder.ops.clear();
-  recorder.op_index.clear();
-  recorder.segments.clear();
   return py::make_tuple(ops, events, error);
 }
 
@@ -471,7 +536,7 @@ py::dict enum_tables() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("start", &start, "Log every operator call on this thread; describe(...) segments.");
+  module.def("start", &start, "Log every operator call on this thread (describe, check).");
   module.def("stop", &stop, "Stop; returns (ops, events, error).");
   module.def("running", &running, "Whether this thread is being observed.");
   module.def("enum_tables", &enum_tables, "torch.dtype/layout/memory_format objects by value.");

@@ -1,13 +1,16 @@
 """Every operator call on this thread, logged without changing how it dispatches.
 
-``start(describe)`` logs each operator call the dispatcher makes on this thread, as an enter
-and an exit event, until ``stop()`` hands the log over. Each enter event names a segment id
-that ``describe(op, name, overload, inputs, python_decides)`` returned for the call (``inputs``:
-its arguments in schema order as Python values). The observer asks only when it has not seen
-the operator called in the same dispatch state during this log, and always when Python code
-decides the path (``python_decides``: a dispatch mode, a tensor subclass, a torch.func
-transform, functionalization); then ``describe`` returns ``(segment, argument summaries)``,
-otherwise ``(segment, None)`` and the observer summarises arguments itself.
+``start(describe, check, owner)`` logs each operator call the dispatcher makes on this
+thread, as an enter and an exit event, until ``stop()`` hands the log over. Each enter event
+names a segment id that ``describe(op, name, overload, inputs, python_decides)`` returned for
+the call (``inputs``: its arguments in schema order as Python values). The observer asks only
+when it has not seen the operator called in the same dispatch state, and keeps the answers
+across logs of the same ``owner`` (segment ids mean something to their owner only); the
+first time a log sees an operator it asks ``check(op, name, overload)`` whether they still
+hold (``False`` drops them). It always asks when Python code decides the path
+(``python_decides``: a dispatch mode, a tensor subclass, a torch.func transform,
+functionalization); then ``describe`` returns ``(segment, argument summaries)``, otherwise
+``(segment, None)`` and the observer summarises the arguments itself.
 
 The hook is a thread-local RecordFunction callback, the one torch.profiler uses: it adds no
 dispatch key and leaves the thread-local dispatch state alone. torch has no Python API to add
@@ -37,14 +40,16 @@ FLAGS = ("-O2", "-DNDEBUG")  # NDEBUG: torch's release headers assert otherwise
 
 # describe(op index, name, overload, inputs, python_decides) -> (segment, summaries or None)
 Describe = Callable[[int, str, str, tuple[Any, ...], bool], tuple[int, Any]]
+# check(op index, name, overload) -> whether the answers about the operator still hold
+Check = Callable[[int, str, str], bool]
 # (ops, events, error): ops as (name, overload) by index; events (op, segment, time_ns,
 # overhead_ns, arguments) for enters and (-1, unwinding, time_ns, overhead_ns, None) for exits
 Log = tuple[list[tuple[str, str]], list[tuple[Any, ...]], BaseException | None]
 
 
-def start(describe: Describe) -> None:
+def start(describe: Describe, check: Check, owner: str) -> None:
     """Log every operator call on this thread until :func:`stop`; see the module docstring."""
-    _module().start(describe)
+    _module().start(describe, check, owner)
 
 
 def stop() -> Log:

@@ -222,8 +222,7 @@ class Trace(Displayable):
 
     def walk(self) -> Iterator[TracedCall]:
         """Every call, depth-first: each call, then the calls under it."""
-        for call in self.calls:
-            yield from call.walk()
+        return _walk_all(self.calls)
 
     def __len__(self) -> int:
         return sum(1 for _ in self.walk())
@@ -317,7 +316,8 @@ class _Segment(NamedTuple):
 
 @dataclass
 class _PathCache:
-    """Segments computed for one operator, valid while its registrations stay the same."""
+    """Segments of one operator's calls whose path Python code decides, by dispatch state;
+    valid while the fingerprint of its registrations stays the same."""
 
     fingerprint: tuple[str, str]
     segments: dict[tuple, _Segment] = field(default_factory=dict)
@@ -325,6 +325,9 @@ class _PathCache:
 
 _ops: dict[tuple[str, str], _OpInfo] = {}
 _paths: dict[tuple[str, str], _PathCache] = {}
+# Every segment handed to the observer, by the id it knows it by (it keeps them across traces)
+_segments: list[_Segment] = []
+_segment_ids: dict[int, int] = {}  # id(segment) -> its index in _segments
 _FRONT_BIT = dispatcher.single_key_raw("FuncTorchDynamicLayerFrontMode") or 0
 
 
@@ -376,9 +379,7 @@ class _Recording:
     """One trace on this thread: the observer's log, described and then built into a tree."""
 
     def __init__(self) -> None:
-        self.segments: list[_Segment] = []  # this trace's segments, by the id the log holds
-        self.segment_ids: dict[int, int] = {}  # id(segment) -> its index in self.segments
-        self.checked: set[tuple[str, str]] = set()
+        self.checked: set[tuple[str, str]] = set()  # operators checked during this trace
         self.started_ns = 0
 
     def start(self) -> None:
@@ -387,7 +388,7 @@ class _Recording:
                 "opmagic.trace is already tracing on this thread: a trace cannot run inside "
                 "another. Trace the outer code once; its trace holds the inner calls too."
             )
-        op_observer.start(self.describe)
+        op_observer.start(self.describe, self.check, __name__)
         self.started_ns = time.perf_counter_ns()
 
     def finish(self, exception: BaseException | None, value: Any = _NO_RESULT) -> Trace:
@@ -410,6 +411,12 @@ class _Recording:
             _value=value,
         )
 
+    def check(self, op: int, name: str, overload: str) -> bool:
+        """Whether the paths worked out earlier for the operator still hold: its registrations
+        (and custom-op parts) are as they were. Asked once per trace and operator."""
+        with dispatcher.torch_function_disabled():
+            return self._checked(_op_info(name, overload), (name, overload))
+
     def describe(
         self, op: int, name: str, overload: str, inputs: tuple[Any, ...], python_decides: bool
     ) -> tuple[int, Any]:
@@ -418,12 +425,32 @@ class _Recording:
         with dispatcher.torch_function_disabled():
             info = _op_info(name, overload)
             inputs = _arguments(info, inputs)
-            segment = self._segment(info, name, overload, inputs)
-            index = self.segment_ids.get(id(segment))
+            if python_decides:  # the observer does not cache these: Python does
+                self._checked(info, (name, overload))
+                cache = _paths[(name, overload)]
+                state = _dispatch_state(info, inputs)
+                segment = cache.segments.get(state)
+                if segment is None:
+                    segment = cache.segments[state] = _resolve_segment(info, inputs)
+            else:
+                segment = _resolve_segment(info, inputs)
+            index = _segment_ids.get(id(segment))
             if index is None:
-                index = self.segment_ids[id(segment)] = len(self.segments)
-                self.segments.append(segment)
+                index = _segment_ids[id(segment)] = len(_segments)
+                _segments.append(segment)
             return index, _Summarised(_summaries(inputs)) if python_decides else None
+
+    def _checked(self, info: _OpInfo, op_key: tuple[str, str]) -> bool:
+        """Check the operator's fingerprint once per trace; on a change, forget its paths."""
+        if op_key in self.checked:
+            return True
+        self.checked.add(op_key)
+        fingerprint = _fingerprint(info.label)
+        cache = _paths.get(op_key)
+        if cache is not None and cache.fingerprint == fingerprint:
+            return True
+        _paths[op_key] = _PathCache(fingerprint)
+        return False
 
     def _tree(self, ops: list[tuple[str, str]], events: list[tuple[Any, ...]]) -> tuple:
         """The calls of the log as a tree; a kernel's call of its own op continues its path."""
@@ -437,7 +464,7 @@ class _Recording:
 
         for op, detail, at_ns, overhead_ns, arguments in events:
             if op >= 0:
-                info, segment, parent = infos[op], self.segments[detail], owner()
+                info, segment, parent = infos[op], _segments[detail], owner()
                 if parent is not None and parent.recalls_pending and parent.info is info:
                     parent.steps.extend(segment.steps)
                     parent.error = parent.error or segment.error
@@ -476,26 +503,6 @@ class _Recording:
                 parent = owner()
                 (parent.children if parent is not None else calls).append(frame.close(0))
         return tuple(calls)
-
-    # -------------------------------------------------------------- paths
-
-    def _segment(
-        self, info: _OpInfo, name: str, overload: str, inputs: tuple[Any, ...]
-    ) -> _Segment:
-        """The keys this dispatch runs, from the cache or from resolve under the live TLS."""
-        op_key = (name, overload)
-        cache = _paths.get(op_key)
-        if op_key not in self.checked:  # registrations may have changed since the last trace
-            self.checked.add(op_key)
-            fingerprint = _fingerprint(info.label)
-            if cache is None or cache.fingerprint != fingerprint:
-                cache = _paths[op_key] = _PathCache(fingerprint)
-        assert cache is not None
-        state = _dispatch_state(info, inputs)
-        segment = cache.segments.get(state)
-        if segment is None:
-            segment = cache.segments[state] = _resolve_segment(info, inputs)
-        return segment
 
 
 def _op_info(name: str, overload: str) -> _OpInfo:
@@ -698,6 +705,8 @@ def _short_value(value: Any) -> str:
 def _mark_failures(calls: tuple[TracedCall, ...], exception: BaseException | None) -> tuple:
     """Say why calls raised: the exception the traced code raised, on the calls it came out
     of; raises that a caller caught, as such. A predicted dispatch failure is kept."""
+    if exception is None and not any(call.raised for call in _walk_all(calls)):
+        return calls
     message = f"{type(exception).__name__}: {exception}" if exception is not None else None
 
     def mark(call: TracedCall, on_chain: bool) -> TracedCall:
@@ -712,6 +721,12 @@ def _mark_failures(calls: tuple[TracedCall, ...], exception: BaseException | Non
 
     failing = _last_raised(calls) if message is not None else None
     return tuple(mark(c, c is failing) for c in calls)
+
+
+def _walk_all(calls: tuple[TracedCall, ...]) -> Iterator[TracedCall]:
+    """Every call of ``calls`` and under them, depth-first."""
+    for call in calls:
+        yield from call.walk()
 
 
 def _last_raised(calls: tuple[TracedCall, ...]) -> TracedCall | None:

@@ -27,9 +27,12 @@ class Describer:
         return len(self.questions) - 1, ("summary",) if decides else None
 
 
-def observe(fn, describe: Describer | None = None) -> tuple[list, list, Any, Describer]:
+def observe(
+    fn, describe: Describer | None = None, still_valid: bool = False
+) -> tuple[list, list, Any, Describer]:
+    """Log ``fn()``; ``still_valid``: what ``check`` answers (False: ask about every call)."""
     describe = describe or Describer()
-    op_observer.start(describe)
+    op_observer.start(describe, lambda op, name, overload: still_valid, "tests")
     try:
         fn()
     finally:
@@ -65,7 +68,7 @@ def test_logs_calls_nested_as_they_ran_with_their_arguments() -> None:
     assert kinds == "ttv" and values[0] == (torch.float32, "cpu", (2, 3), False)
 
 
-def test_asks_once_per_operator_and_dispatch_state() -> None:
+def test_asks_once_per_operator_and_dispatch_state_and_keeps_the_answers() -> None:
     x = torch.randn(3)
 
     def calls() -> None:
@@ -74,10 +77,16 @@ def test_asks_once_per_operator_and_dispatch_state() -> None:
         with torch.no_grad():
             torch.sin(x)
 
-    _, events, _, describe = observe(calls)
+    op_observer.start(Describer(), lambda *op: True, "another owner")  # their answers are
+    op_observer.stop()  # theirs: the next owner starts afresh
+    _, events, _, describe = observe(calls, still_valid=True)
     assert [q[0] for q in describe.questions] == ["aten::sin", "aten::sin"]  # grad, no_grad
     segments = [e[1] for e in events if e[0] >= 0]
     assert segments == [0, 0, 0, 0, 0, 1]
+    _, again, _, asked = observe(calls, still_valid=True)  # check says the answers hold
+    assert asked.questions == [] and [e[1] for e in again if e[0] >= 0] == segments
+    _, _, _, asked = observe(calls, still_valid=False)  # registrations changed: ask again
+    assert len(asked.questions) == 2
 
 
 def test_always_asks_when_python_code_decides_the_path() -> None:
@@ -128,11 +137,11 @@ def test_other_threads_are_not_logged() -> None:
 
 
 def test_refuses_a_second_observer_on_the_thread() -> None:
-    op_observer.start(Describer())
+    op_observer.start(Describer(), lambda *op: False, "tests")
     try:
         assert op_observer.running()
         with pytest.raises(RuntimeError, match="already running"):
-            op_observer.start(Describer())
+            op_observer.start(Describer(), lambda *op: False, "tests")
     finally:
         op_observer.stop()
     assert not op_observer.running()

@@ -28,6 +28,9 @@ def test_returns_what_the_function_returned_and_records_top_level_calls_in_order
     assert torch.equal(result.result, (x.sin() + 1).sum())
     assert [c.op for c in result.calls] == ["aten::sin", "aten::add.Tensor", "aten::sum"]
     assert all(c.depth == 0 for c in result.calls)
+    added = result.calls[1]  # the 1 reaches the dispatcher as a wrapped-number tensor
+    assert added.inputs == "f32[3], i64[]" and added.path == ("AutogradCPU", "CPU")
+    assert all(call.error is None for call in result.walk())
     assert result.exception is None and result.time_ns > 0 and result.overhead_ns > 0
 
 
