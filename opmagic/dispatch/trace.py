@@ -261,7 +261,6 @@ def trace(fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any) ->
         )
     recording = _Recording()
     recording.start()
-    value: Any = _NO_RESULT
     try:
         value = fn(*args, **kwargs)
     except Exception as exc:
