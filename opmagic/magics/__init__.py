@@ -19,6 +19,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("cuda_kernel", "CudaKernelMagics"),
     ("views", "ViewMagics"),
     ("compare", "CompareMagics"),
+    ("trace", "TraceMagics"),
 ]
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 # Every HTML view wraps itself in <div class="opmagic"> after this stylesheet.
 STYLESHEET = (
     "<style>.opmagic td,.opmagic th{padding:1px 8px;text-align:left;vertical-align:top;"
-    "font-family:monospace;font-size:12px}.opmagic .dim{color:#888}</style>"
+    "font-family:monospace;font-size:12px}.opmagic .dim{color:#888}"
+    ".opmagic .call{font-family:monospace;font-size:12px;white-space:nowrap}"
+    ".opmagic .calls{margin-left:10px;padding-left:8px;border-left:1px solid #ddd}"
+    ".opmagic .call .op{font-weight:bold}.opmagic .call .time{color:#555}"
+    ".opmagic div.call{padding-left:14px}</style>"
 )
 
 # text colour per kernel kind (TableEntry.kind), in HTML, diagrams and DataFrames

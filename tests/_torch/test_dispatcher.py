@@ -55,6 +55,25 @@ def test_thread_local_state():
     assert not dispatcher.is_fake_tensor_type(torch.Tensor) and issubclass(FakeTensor, torch.Tensor)
 
 
+def test_torch_function_disabled():
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Watching(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(2)
+    with Watching():
+        with dispatcher.torch_function_disabled():
+            _ = x.dtype, x.shape
+        assert seen == []
+        _ = x.dtype
+    assert seen  # the mode sees attribute reads outside the guard
+
+
 def test_tensor_keys_and_functorch():
     x = torch.randn(2)
     assert "AutogradCPU" in dispatcher.keyset_names(dispatcher.tensor_keyset_raw(x))
