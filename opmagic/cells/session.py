@@ -11,9 +11,13 @@ Python-side entry it is) so that it can be removed and re-applied alone.
 - Re-running a cell (same key) first removes the kernels and Python-side registrations of its
   previous run and reverts that run's changes to custom ops of other cells. Its operator
   definitions stay until the new run defines them again or succeeds.
-- A registration replaces the session's earlier registration with the same identity (the
-  same definition, the same operator and dispatch key, ...), whichever cell made it; defining
-  an operator again removes every registration that other cells made on it.
+- Otherwise torch.library's own rules hold, whichever cells register: a kernel, fallback or
+  fake impl sits on top of an earlier one for the same operator and key, and removing it
+  (destroying its Library, re-running its cell) brings the earlier one back; torch's own
+  errors (``allow_override=False``, a second torch_dispatch rule) keep their wording. What
+  torch keeps one of (a definition, a namespace claim, a Python kernel of an OpOverload)
+  replaces the session's earlier one; defining an operator again removes every registration
+  that other cells made on it.
 - A run that fails is rolled back: what it registered goes, what it removed comes back.
 - A run that succeeds drops for good what it replaced and what is left of its cell's previous
   run (definitions it no longer makes, its Library objects, tracked handles).
@@ -401,8 +405,9 @@ class Session:
     def make_room(self, registration: library_hooks.Registration) -> Callable[[bool], None]:
         """Evict what ``registration`` replaces; the returned callable gets whether it applied.
 
-        Evicted registrations come back if the registration fails, or the cell does.
-        Defining an operator again replaces every registration other cells made on it. An
+        Evicted registrations come back if the registration fails, or the cell does. Only
+        registrations torch keeps one of replace each other (see ``Registration.exclusive``);
+        defining an operator again replaces every registration other cells made on it. An
         identical definition is adopted instead of made again: the operator's dispatcher
         entry, and every OpOverload pointing at it, stay as they are. A changed one lets the
         entry go, as torch does, after putting its cached OpOverloads aside for a rollback.
@@ -413,6 +418,8 @@ class Session:
             not isinstance(registration, library_hooks.DispatcherRegistration)
             or registration.kind != "def"
         ):
+            if not registration.exclusive:  # torch stacks it, or refuses it in its own words
+                return self._evict_for([])
             identity = registration.identity
             return self._evict_for(
                 [(rec, r) for rec, r in self._applied() if r.identity == identity]
@@ -451,7 +458,7 @@ class Session:
             """Bring back the victims (all when the replacement failed, else ``reapply_after``)."""
             again = reapply_after if applied else victims
             for record, victim in sorted(again, key=lambda pair: pair[1].seq):
-                victim.reapply()
+                self._reapply(victim)
                 self._evicted.remove((victim, record))
             if not applied and adopted is not None:
                 adopted[0].give_back(adopted[1])
@@ -518,6 +525,18 @@ class Session:
         registration.remove()
         self._evicted.append((registration, owner))
 
+    def _reapply(self, registration: library_hooks.Registration) -> None:
+        """Make a removed registration again where it was in torch's stack: under the ones
+        with its identity that were made after it (taken off and made again over it)."""
+        identity, seq = registration.identity, registration.seq
+        later_ones = (r for _, r in self._applied() if r.identity == identity and r.seq > seq)
+        above = [] if registration.exclusive else sorted(later_ones, key=lambda r: r.seq)
+        for later in reversed(above):
+            later.remove()
+        registration.reapply()
+        for later in above:
+            later.reapply()
+
     def _commit(self) -> None:
         """The cell succeeded: drop for good what it replaced, and record what it made."""
         run, previous = self._run, self._previous
@@ -578,7 +597,7 @@ class Session:
             custom_op_state.set_custom_op_entry(qualname, opdef, library)
         for registration, owner in sorted(self._evicted, key=lambda pair: pair[0].seq):
             if owner is not run:
-                registration.reapply()
+                self._reapply(registration)
         self._restore_stashes(list(self._stashes))
         for change in self._reverted:
             change.reapply()
