@@ -226,18 +226,24 @@ class Session:
         return self
 
     def close(self) -> None:
-        """Remove everything the session registered and stop routing registrations."""
+        """Remove everything the session registered and stop routing registrations.
+
+        Every cell's teardown runs to its end even when a step of it fails (a tracked handle
+        whose ``close()`` raises, say); the first failure is raised once all of it is done.
+        """
         global _active
+        failures = _Failures()
         if self._run is not None:
             self._depth = 0
-            self.finish(success=True)
-        try:
-            for record in [*reversed(self._records.values()), self._outside]:
+            with failures.kept():
+                self.finish(success=True)
+        for record in [*reversed(self._records.values()), self._outside]:
+            with failures.kept():
                 self._teardown(record, revert=True)
-            self._records.clear()
-        finally:
-            library_hooks.remove_registration_hooks()
-            _active = None
+        self._records.clear()
+        library_hooks.remove_registration_hooks()
+        _active = None
+        failures.raise_first()
 
     @contextlib.contextmanager
     def cell(
@@ -617,31 +623,63 @@ class Session:
                     del namespace[name]
 
     def _teardown(self, record: CellRecord, revert: bool) -> None:
-        """Undo everything a run left in effect."""
+        """Undo everything a run left in effect; every step runs, the first failure is raised
+        after."""
+        failures = _Failures()
         refreshed = {r.op for r in record.registrations if r.kind == "def" and r.applied}
         for registration in reversed(record.registrations):
-            registration.discard()
+            with failures.kept():
+                registration.discard()
         record.registrations.clear()
         if revert:
             for change in reversed(record.changes):
-                change.revert()
+                with failures.kept():
+                    change.revert()
         record.changes = []
         for qualname, opdef_ref in record.created_opdefs.items():
             opdef = opdef_ref()
             if opdef is not None and custom_op_state.custom_op_def(qualname) is opdef:
                 library = custom_op_state.custom_op_library(qualname)
                 custom_op_state.set_custom_op_entry(qualname, None, library)
-        self._release_resources(record)
+        with failures.kept():
+            self._release_resources(record)
         dispatcher.refresh_operators(refreshed)
+        failures.raise_first()
 
     @staticmethod
     def _release_resources(record: CellRecord) -> None:
-        """Destroy the run's Library objects and close the handles it tracked."""
+        """Destroy the run's Library objects and close the handles it tracked (all of them,
+        raising the first failure after)."""
+        failures = _Failures()
         for library in record.live_libraries():
-            library_hooks.destroy_library(library)
+            with failures.kept():
+                library_hooks.destroy_library(library)
         record.libraries.clear()
         for tracked in reversed(record.handles):
-            tracked.close()
+            with failures.kept():
+                tracked.close()
+        failures.raise_first()
+
+
+class _Failures:
+    """Lets a teardown run all its steps, keeping the first exception to raise at the end."""
+
+    def __init__(self) -> None:
+        self.first: Exception | None = None
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        """Run a step; an exception it raises is kept (the first one) instead of propagating."""
+        try:
+            yield
+        except Exception as error:
+            if self.first is None:
+                self.first = error
+
+    def raise_first(self) -> None:
+        """Raise the first kept exception, if any."""
+        if self.first is not None:
+            raise self.first
 
 
 def _is_registering_object(value: Any) -> bool:

@@ -503,3 +503,43 @@ def test_torch_library_cells_are_listed_and_removed_at_unload(ipython, build_cac
         ipython.run_line_magic("unload_ext", "opmagic")
         ipython.reset()
     assert torch._C._dispatch_get_all_op_names() == names
+
+
+class FailingHandle:
+    """A tracked resource whose ``close()`` fails."""
+
+    description = "a handle that cannot be closed"
+
+    def close(self) -> None:
+        """Fail, as a resource whose teardown breaks would."""
+        raise OSError("the handle could not be closed")
+
+
+def test_unload_finishes_the_teardown_when_one_step_fails(ipython) -> None:
+    names = torch._C._dispatch_get_all_op_names()
+    ipython.run_line_magic("load_ext", "opmagic")
+    cells = Cells(ipython)
+    Handle.closed.clear()
+    track = "import opmagic\nopmagic.active_session().track({handle})\n"
+    try:
+        cells.ns.update(Handle=Handle, FailingHandle=FailingHandle)
+        cells.run("import torch\nfrom torch import Tensor")
+        cells.run(CUSTOM_OP.format(ns="t_teardown_a", value=1), "a")
+        cells.run(track.format(handle="Handle('before')"), "b")
+        cells.run(  # torn down between the others, and before the handle it tracked first
+            track.format(handle="Handle('beside')") + track.format(handle="FailingHandle()"), "c"
+        )
+        cells.run(track.format(handle="Handle('after')"), "d")
+        cells.run(CUSTOM_OP.format(ns="t_teardown_e", value=1), "e")
+        with pytest.raises(OSError, match="could not be closed"):
+            ipython.run_line_magic("unload_ext", "opmagic")
+        assert active_session() is None
+        assert torch._C._dispatch_get_all_op_names() == names
+        assert sorted(Handle.closed) == ["after", "before", "beside"]
+        assert "opmagic" not in ipython.magics_manager.magics["line"]
+        ipython.run_line_magic("load_ext", "opmagic")  # a whole load again, not a no-op
+        assert active_session() is not None
+        assert "opmagic" in ipython.magics_manager.magics["line"]
+    finally:
+        ipython.run_line_magic("unload_ext", "opmagic")
+        ipython.reset()
