@@ -317,7 +317,8 @@ class Session:
         cell runs again and succeeds, when the run that tracked it fails, or at
         ``close()``. Outside a cell it is closed at ``close()``. ``%opmagic session`` shows
         ``description``, else the handle's own ``description`` attribute, else ``str(handle)``.
-        Returns ``handle``.
+        A handle listing ``operators`` (objects with a ``name``) defines those: cells are told
+        so when they try to redefine one. Returns ``handle``.
         """
         record = self._run if self._run is not None else self._outside
         description = description or getattr(handle, "description", None) or str(handle)
@@ -379,6 +380,17 @@ class Session:
             r.kind == "def" and (r.op == qualname or r.op.startswith(qualname + "."))
             for _, r in self._applied()
         )
+
+    def redefinition_refused(self, qualname: str) -> str:
+        """Why a cell may not redefine ``ns::name``, which the session did not define with
+        torch.library: a C++ library that one of its cells loaded defines it, or code outside
+        the session does."""
+        for record in self._records.values():
+            for tracked in record.handles:
+                if tracked.is_open and qualname in _operators_defined_by(tracked.handle):
+                    loader = f"cell {record.label}"
+                    return _loaded_library_message(qualname, tracked.description, loader)
+        return foreign_operator_message(qualname)
 
     def report(self) -> SessionReport:
         """What each cell registered, an operator per line, for display."""
@@ -513,7 +525,7 @@ class Session:
             and dispatcher.find_schema(qualname, "") is not None
         )
         if foreign:
-            raise ForeignOperatorError(foreign_operator_message(qualname))
+            raise ForeignOperatorError(self.redefinition_refused(qualname))
         self._run.custom_op_entries.setdefault(qualname, (opdef, library))
 
     # ---------------------------------------------------------------- internals
@@ -697,6 +709,25 @@ def _grouped(registrations: Iterator[library_hooks.Registration]) -> list[tuple[
         if site not in sites:
             sites.append(site)
     return [(f"{op}: {', '.join(parts)}", "; ".join(sites)) for op, (parts, sites) in rows.items()]
+
+
+def _operators_defined_by(handle: Any) -> set[str]:
+    """``ns::name`` of the operators a tracked resource defines (a loaded C++ library lists
+    them as ``operators``, each with a ``name``)."""
+    return {op.name.partition(".")[0] for op in getattr(handle, "operators", ())}
+
+
+def _loaded_library_message(qualname: str, library: str, loader: str) -> str:
+    """Why a cell will not redefine an operator that a C++ library the session tracks defines
+    (``library``: its description; ``loader``: the cell that loaded it, e.g. ``cell [3]``)."""
+    name = qualname.split("::", 1)[1]
+    return (
+        f"{qualname} is defined by the C++ library that {loader} loaded ({library}); a "
+        "Python custom op cannot replace it, as only unloading that whole library removes "
+        f"its definition. Choose another name (e.g. mylib::{name}), or take the definition "
+        f"out of {loader} and run it again; to add kernels to the operator, use "
+        "torch.library.register_kernel or register_fake in a cell."
+    )
 
 
 def foreign_operator_message(qualname: str) -> str:

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -543,3 +544,36 @@ def test_unload_finishes_the_teardown_when_one_step_fails(ipython) -> None:
     finally:
         ipython.run_line_magic("unload_ext", "opmagic")
         ipython.reset()
+
+
+def test_a_cell_may_not_redefine_an_op_of_a_torch_library_cell_and_is_told_why(
+    cells: Cells, build_cache
+) -> None:
+    library_cell = textwrap.dedent("""\
+        %%torch_library
+        #include <torch/library.h>
+        #include <ATen/core/Tensor.h>
+        at::Tensor twice(const at::Tensor& x) { return x.add(x); }
+        TORCH_LIBRARY(t_owned_cpp, m) { m.def("twice(Tensor x) -> Tensor"); }
+        TORCH_LIBRARY_IMPL(t_owned_cpp, CPU, m) { m.impl("twice", twice); }
+        """)
+    with capture_output():
+        loaded = cells.run(library_cell)
+    error = cells.fail(
+        "%%custom_op t_owned_cpp::twice\ndef twice(x: Tensor) -> Tensor:\n    return x * 3\n"
+    )
+    assert isinstance(error, UsageError)  # the magic's: "%%custom_op t_owned_cpp::twice: ..."
+    message = str(error)
+    assert "outside this opmagic session" not in message
+    assert (
+        "t_owned_cpp::twice is defined by the C++ library that cell "
+        f"[{loaded.execution_count}] loaded (C++ library t_owned_cpp" in message
+    )
+    assert f"take the definition out of cell [{loaded.execution_count}]" in message
+    # torch.library.custom_op itself, as without a session, refuses in torch's words
+    error = cells.fail(
+        "@torch.library.custom_op('t_owned_cpp::twice', mutates_args=())\n"
+        "def twice(x: Tensor) -> Tensor:\n    return x * 3\n"
+    )
+    assert "Tried to register an operator (t_owned_cpp::twice(Tensor x) -> Tensor)" in str(error)
+    assert torch.ops.t_owned_cpp.twice(torch.ones(2)).tolist() == [2.0, 2.0]
