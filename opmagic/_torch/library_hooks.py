@@ -73,9 +73,10 @@ class Registration(abc.ABC):
     site: Site
     seq: int = 0  # order of registration in the session (set by the session)
     # Whether a newer registration with the same identity replaces this one. Where torch
-    # keeps both instead (kernels and fallbacks stack in the dispatcher, fake impls in their
-    # holder: the newest runs, and removing it brings the older back) or refuses the newer
-    # one (a second torch_dispatch rule), it is False and the session leaves it to torch.
+    # keeps both instead (kernels stack in the dispatcher, fake impls in their holder: the
+    # newest runs, and removing it brings the older back) or refuses the newer one (a second
+    # fallback for a key, a second torch_dispatch rule), it is False: the session leaves it
+    # to torch.
     exclusive: bool = True
 
     def __init__(self) -> None:
@@ -138,7 +139,7 @@ class DispatcherRegistration(Registration):
         self.module, self.method, self.args, self.site = module, method, args, site
         self._library: Any = None
         self.result: Any = None
-        self._python_impl_record: str | None = None  # set while removed; see _undo
+        self._python_impl_record: str | None = None  # what _undo took out of torch.library
         namespace = module.namespace
         if method == "define":
             self.kind, self.key = "def", None

@@ -11,13 +11,13 @@ Python-side entry it is) so that it can be removed and re-applied alone.
 - Re-running a cell (same key) first removes the kernels and Python-side registrations of its
   previous run and reverts that run's changes to custom ops of other cells. Its operator
   definitions stay until the new run defines them again or succeeds.
-- Otherwise torch.library's own rules hold, whichever cells register: a kernel, fallback or
-  fake impl sits on top of an earlier one for the same operator and key, and removing it
-  (destroying its Library, re-running its cell) brings the earlier one back; torch's own
-  errors (``allow_override=False``, a second torch_dispatch rule) keep their wording. What
-  torch keeps one of (a definition, a namespace claim, a Python kernel of an OpOverload)
-  replaces the session's earlier one; defining an operator again removes every registration
-  that other cells made on it.
+- Otherwise torch.library's own rules hold, whichever cells register: a kernel or fake impl
+  sits on top of an earlier one for the same operator and key, and removing it (destroying
+  its Library, re-running its cell) brings the earlier one back; torch's own errors
+  (``allow_override=False``, a second fallback for a key, a second torch_dispatch rule) keep
+  their wording. What torch keeps one of (a definition, a namespace claim, a Python kernel
+  of an OpOverload) replaces the session's earlier one; defining an operator again removes
+  every registration that other cells made on it.
 - A run that fails is rolled back: what it registered goes, what it removed comes back.
 - A run that succeeds drops for good what it replaced and what is left of its cell's previous
   run (definitions it no longer makes, its Library objects, tracked handles).
