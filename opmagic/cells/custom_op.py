@@ -305,7 +305,12 @@ def _refuse_foreign(qualname: str) -> None:
         else custom_op_state.custom_op_def(qualname) is not None
     )
     if not owned:
-        raise ForeignOperatorError(foreign_operator_message(qualname))
+        message = (
+            session.redefinition_refused(qualname)
+            if session is not None
+            else foreign_operator_message(qualname)
+        )
+        raise ForeignOperatorError(message)
 
 
 def _parse(source: str, filename: str) -> ast.Module:
