@@ -7,12 +7,17 @@ import torch
 from ...._torch import dispatcher
 from ...table import TableEntry
 from ..call import KernelOutcome, OperatorCall
+from ..messages import functionalize_alias_message
+from ..schema import has_alias_info
 from .registry import handles
 
 
 @handles("Functionalize")
 def functionalize(call: OperatorCall, key: str, entry: TableEntry, keyset: int) -> KernelOutcome:
-    """Functionalization unwraps its wrappers and calls the op again with its key off."""
+    """Functionalization unwraps its wrappers and calls the op again with its key off; its
+    fallback (ops without a Functionalize kernel) refuses ops with alias annotations."""
+    if entry.kind == "fallback" and has_alias_info(call.schema):
+        return KernelOutcome("error", functionalize_alias_message(str(call.ref)))
     values = [
         value.unwrapped(dispatcher.unwrap_functional(value.tensor))
         if dispatcher.is_functional_tensor(value.tensor)

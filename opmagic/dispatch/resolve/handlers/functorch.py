@@ -8,6 +8,13 @@ from ...sites import label_callable
 from ...table import TableEntry
 from ..binding import DispatchValue
 from ..call import KernelOutcome, OperatorCall
+from ..messages import (
+    vmap_cannot_generate_message,
+    vmap_fallback_disabled_message,
+    vmap_inplace_message,
+    vmap_refuses_message,
+)
+from ..schema import has_alias_info, is_inplace, returns_only_tensors, takes_tensor_list
 from .registry import handles, runs_then_redispatches_below
 
 
@@ -87,14 +94,58 @@ def functorch_batched(
         else value
         for value in state.values
     ]
-    if entry.kind == "fallback":
+    exclude = call.catalogue.functionality_raw(key)
+    if entry.kind != "fallback":
+        return KernelOutcome(
+            "call",
+            f"the batching rule {entry.source} calls the op again on unbatched tensors",
+            values=values,
+            exclude=exclude,
+        )
+    refusal = _vmap_fallback_refusal(call, level)
+    if refusal is not None:
+        return KernelOutcome("error", refusal)
+    if not any(dispatcher.batched_level(value.tensor) == level for value in state.values):
+        what = (
+            "no batching rule, but no argument is batched at this level: vmap's fallback "
+            "calls the op again with FuncTorchBatched off"
+        )
+    else:
         what = (
             "no batching rule: vmap's fallback runs the op once per batch element "
             "(a slow for-loop) on the unbatched tensors"
         )
-    else:
-        what = f"the batching rule {entry.source} calls the op again on unbatched tensors"
-    return KernelOutcome("call", what, values=values, exclude=call.catalogue.functionality_raw(key))
+    return KernelOutcome("call", what, values=values, exclude=exclude)
+
+
+def _vmap_fallback_refusal(call: OperatorCall, level: int) -> str | None:
+    """Why vmap's per-sample fallback (``batchedTensorForLoopFallback``) refuses this call,
+    in the order it checks: the schema, then in-place levels, mutation, returns, the switch."""
+    op, schema, values = str(call.ref), call.schema, call.state.values
+    if takes_tensor_list(schema):
+        return vmap_cannot_generate_message(op, "it takes a Tensor[] or Tensor?[] argument")
+    if not returns_only_tensors(schema):
+        return vmap_cannot_generate_message(op, "it returns something other than Tensors")
+    if not any(dispatcher.batched_level(value.tensor) == level for value in values):
+        return None  # nothing batched here: the op is called again, unbatched
+    if is_inplace(schema):
+        if not dispatcher.vmap_fallback_enabled():
+            return vmap_fallback_disabled_message(op)
+        self_name = schema.arguments[0].name
+        self_levels = [dispatcher.batched_level(v.tensor) for v in values if v.name == self_name]
+        self_level = self_levels[0] if self_levels else None
+        for value in values:
+            other = dispatcher.batched_level(value.tensor)
+            if other is not None and other != self_level:
+                return vmap_inplace_message(op, value.name)
+        return None
+    if schema.is_mutable or has_alias_info(schema):
+        return vmap_refuses_message(op, "the fallback does not work on out= or view ops")
+    if not list(schema.returns):
+        return vmap_refuses_message(op, "the fallback does not support ops with no returns")
+    if not dispatcher.vmap_fallback_enabled():
+        return vmap_fallback_disabled_message(op)
+    return None
 
 
 @handles("FuncTorchDynamicLayerBackMode")

@@ -13,7 +13,11 @@ from collections.abc import Callable
 
 from ...table import TableEntry
 from ..call import KernelOutcome, OperatorCall
-from ..messages import ambiguous_kernel_message, missing_kernel_message
+from ..messages import (
+    ambiguous_kernel_message,
+    fallthrough_reached_message,
+    missing_kernel_message,
+)
 
 Handler = Callable[[OperatorCall, str, TableEntry, int], KernelOutcome]
 """``handler(call, key, entry, keyset) -> KernelOutcome``."""
@@ -48,14 +52,8 @@ def kernel_outcome(call: OperatorCall, key: str, entry: TableEntry, keyset: int)
         return KernelOutcome("error", missing_kernel_message(str(call.ref), key))
     if entry.kind == "ambiguous":
         return KernelOutcome("error", ambiguous_kernel_message(str(call.ref)))
-    if entry.kind == "fallthrough":  # reachable only through a keyset built without the mask
-        return redispatch(
-            call,
-            key,
-            keyset,
-            catalogue.minus(keyset, catalogue.functionality_raw(key)),
-            "fallthrough: skipped",
-        )
+    if entry.kind == "fallthrough":  # a keyset built without the op's fallthrough mask
+        return KernelOutcome("error", fallthrough_reached_message(str(call.ref), key))
     if entry.alias in ("CompositeImplicitAutograd", "CompositeImplicitAutogradNestedTensor"):
         return KernelOutcome(
             "ends", f"decomposes into other operators ({entry.alias}); each dispatches on its own"
