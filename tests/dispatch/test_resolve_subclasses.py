@@ -109,6 +109,16 @@ def _dispatch_functionalize_inference(body, inputs):
         return dispatch_functionalize(body)(*inputs)
 
 
+FUNCTIONAL_INPUTS = {
+    "cpu": INPUTS["cpu"],
+    "requires_grad": INPUTS["requires_grad"],
+    # a FunctionalTensor carries its wrapper's Conjugate key: it runs above Python, and
+    # again below, after FunctionalTensorMode runs the Functionalize kernel directly
+    "conj_view": lambda: (
+        torch.randn(3, dtype=torch.cfloat).conj(),
+        torch.randn(3, dtype=torch.cfloat),
+    ),
+}
 PYTHON_FUNCTIONALIZATION = {
     "dispatch_functionalize": _dispatch_functionalize,
     "dispatch_functionalize_inference": _dispatch_functionalize_inference,
@@ -120,14 +130,17 @@ PYTHON_FUNCTIONALIZATION = {
     [
         pytest.param(s, c, i, k, id=f"{s}-{c}-{i}-{'+'.join(k)}")
         for s, c, i, k in itertools.product(
-            FUNCTIONAL_SCHEMAS, PYTHON_FUNCTIONALIZATION, ("cpu", "requires_grad"), PAIR_KERNEL_SETS
+            FUNCTIONAL_SCHEMAS, PYTHON_FUNCTIONALIZATION, FUNCTIONAL_INPUTS, PAIR_KERNEL_SETS
         )
         if "Functionalize" not in k  # a logging probe there passes wrappers on unchanged
     ],
 )
 def test_python_functionalization(schema: str, context: str, inputs: str, keys: list[str]) -> None:
     check_against_dispatcher(
-        keys, INPUTS[inputs](), PYTHON_FUNCTIONALIZATION[context], FUNCTIONAL_SCHEMAS[schema]
+        keys,
+        FUNCTIONAL_INPUTS[inputs](),
+        PYTHON_FUNCTIONALIZATION[context],
+        FUNCTIONAL_SCHEMAS[schema],
     )
 
 
