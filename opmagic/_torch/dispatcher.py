@@ -222,6 +222,18 @@ def py_kernel_keys(op_overload: Any) -> list[str]:
     ]
 
 
+def library_autocast_dtype(op_overload: Any, autocast_key: str) -> torch.dtype | None:
+    """The dtype ``torch.library.register_autocast`` casts to at ``autocast_key`` for an op
+    that is not a custom_op (its rule is a Python kernel closing over ``cast_inputs``)."""
+    key = getattr(_C.DispatchKey, autocast_key, None)
+    rule = getattr(op_overload, "py_kernels", {}).get(key)
+    code = getattr(rule, "__code__", None)
+    if code is None or "cast_inputs" not in code.co_freevars or not rule.__closure__:
+        return None
+    dtype = rule.__closure__[code.co_freevars.index("cast_inputs")].cell_contents
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
 def is_fake_mode(mode: Any) -> bool:
     """Whether a dispatch mode is a FakeTensorMode."""
     from torch._subclasses.fake_tensor import FakeTensorMode

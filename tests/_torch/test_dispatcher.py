@@ -175,3 +175,16 @@ def test_functionalization_and_nested_queries():
     assert dispatcher.jagged_rule(torch.ops.aten.sin.default, (jagged,), {}) is not None
     assert dispatcher.jagged_rule(torch.ops.aten.mm.default, (jagged, jagged), {}) is None
     assert dispatcher.vmap_fallback_enabled()
+
+
+def test_library_autocast_dtype():
+    lib = torch.library.Library("shim_autocast", "FRAGMENT")
+    try:
+        lib.define("cast(Tensor x) -> Tensor")
+        op = torch.ops.shim_autocast.cast.default
+        assert dispatcher.library_autocast_dtype(op, "AutocastCPU") is None
+        torch.library.register_autocast(op, "cpu", torch.float16, lib=lib)
+        assert dispatcher.library_autocast_dtype(op, "AutocastCPU") is torch.float16
+        assert dispatcher.library_autocast_dtype(op, "AutocastCUDA") is None
+    finally:
+        lib._destroy()

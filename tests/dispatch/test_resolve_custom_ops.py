@@ -3,8 +3,9 @@ the real dispatcher.
 
 custom_op's own kernels stay; probes sit on top at CPU (and ADInplaceOrView) so the log
 shows where the call went. Under ``torch.func.grad``/``vjp``/``jacrev`` custom_op's
-autograd kernel raises, ``register_autograd`` or not; its autocast rule casts floating
-inputs, and the cast copies carry their own keys (inference tensors under inference_mode).
+autograd kernel raises, ``register_autograd`` or not; its autocast rule (and
+``torch.library.register_autocast``'s on a plain op) casts floating inputs, and the cast
+copies carry their own keys (inference tensors under inference_mode).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from .ground_truth import CONTEXTS, PassThroughMode, check_against_dispatcher
-from .probes import ProbeOp, probe_custom_op
+from .probes import ProbeOp, make_probe_op, probe_custom_op
 
 _names = itertools.count()
 
@@ -183,19 +184,33 @@ AUTOCAST_CONTEXTS = {
 AUTOCAST_PROBES = [["CPU"], ["ADInplaceOrView", "CPU"], ["Negative", "ADInplaceOrView", "CPU"]]
 
 
+def library_op_probe(keys: list[str], autocast: torch.dtype) -> ProbeOp:
+    """A probe op (not a custom_op) with ``torch.library.register_autocast``'s rule."""
+    probe = make_probe_op(keys)
+    rules = torch.library.Library("opmagic_probe", "FRAGMENT")  # not a probe's site
+    torch.library.register_autocast(probe.op, "cpu", autocast, lib=rules)
+    probe.owners = (rules,)
+    return probe
+
+
+AUTOCAST_RULES = {"custom_op": custom_op_probe, "torch.library": library_op_probe}
+
+
 @pytest.mark.parametrize(
-    ("context", "inputs", "keys"),
+    ("rule", "context", "inputs", "keys"),
     [
-        pytest.param(c, i, k, id=f"{c}-{i}-{'+'.join(k)}")
-        for c, i, k in itertools.product(AUTOCAST_CONTEXTS, AUTOCAST_INPUTS, AUTOCAST_PROBES)
+        pytest.param(r, c, i, k, id=f"{r}-{c}-{i}-{'+'.join(k)}")
+        for r, c, i, k in itertools.product(
+            AUTOCAST_RULES, AUTOCAST_CONTEXTS, AUTOCAST_INPUTS, AUTOCAST_PROBES
+        )
     ],
 )
-def test_custom_op_autocast_rule_casts_into_fresh_tensors(
-    context: str, inputs: str, keys: list[str]
+def test_autocast_rules_cast_into_fresh_tensors(
+    rule: str, context: str, inputs: str, keys: list[str]
 ) -> None:
     check_against_dispatcher(
         keys,
         AUTOCAST_INPUTS[inputs](),
         AUTOCAST_CONTEXTS[context],
-        probe=custom_op_probe(keys, autocast=torch.bfloat16),
+        probe=AUTOCAST_RULES[rule](keys, autocast=torch.bfloat16),
     )

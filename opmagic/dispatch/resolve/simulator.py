@@ -54,8 +54,11 @@ class Simulator:
         """Walk the call from its first dispatch until a kernel ends it, fails or hands over
         to Python (or :data:`MAX_STEPS` kernels ran), and describe the path.
 
-        Keys the dispatcher passed over (excluded, fallthrough, masked by a redispatch) are
-        recorded on the step of the next key that runs below them.
+        Keys the dispatcher passed over (excluded, fallthrough, masked by a redispatch, above
+        a key whose kernel the caller runs directly) are recorded on the step of the next key
+        that runs below them. A kernel that fails only once the path below it returned (a
+        math-bit fallback copying a result back) makes the error of a path that otherwise
+        ends well.
         """
         catalogue, state = self.call.catalogue, self.call.state
         keyset, pending, origin_of = self._dispatch(via="dispatch")

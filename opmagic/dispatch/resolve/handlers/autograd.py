@@ -71,9 +71,10 @@ def ad_inplace_or_view(
 def autocast(call: OperatorCall, key: str, entry: TableEntry, keyset: int) -> KernelOutcome:
     """Autocast wrappers cast their inputs and call the op again with their key off.
 
-    custom_op's rule (``register_autocast``) casts every floating-point input on its device
-    (but float64) to its dtype; the copies are fresh tensors, so the next dispatch reads
-    their keys (no math bits; no autograd or ADInplaceOrView keys under inference_mode).
+    A ``register_autocast`` rule (custom_op's or ``torch.library``'s) casts every
+    floating-point input on its device (but float64) to its dtype; the copies are fresh
+    tensors, so the next dispatch reads their keys (no math bits; no autograd or
+    ADInplaceOrView keys under inference_mode).
     For aten's wrappers the cast inputs keep the keys of the originals.
     """
     if "autocast_mode.cpp" in (entry.site or ""):
@@ -83,24 +84,25 @@ def autocast(call: OperatorCall, key: str, entry: TableEntry, keyset: int) -> Ke
             f"op again with {key} off",
             exclude=call.catalogue.functionality_raw(key),
         )
-    if not call.is_custom_op_kernel(entry):
-        return runs_then_redispatches_below(call, key, entry, keyset)
     device = key.removeprefix("Autocast").lower()
-    dtype = call.custom_op["autocast"].get(device)
-    cast = [value for value in call.state.values if _autocast_casts(value, device, dtype)]
+    if call.is_custom_op_kernel(entry):
+        dtype = call.custom_op["autocast"].get(device)
+    else:
+        dtype = dispatcher.library_autocast_dtype(call.ref.op_overload(), key)
+        if dtype is None:
+            return runs_then_redispatches_below(call, key, entry, keyset)
+    cast = {value.name for value in call.state.values if _autocast_casts(value, device, dtype)}
     copies = _fresh_copy_keys(call)
+    what = entry.impl or f"the autocast rule {entry.source} (casts floating inputs to {dtype})"
+    note = f"{what}: casts, then calls the op again with {key} off"
+    if cast:
+        note += f"; the cast copies of {', '.join(sorted(cast))} carry their own keys"
     return KernelOutcome(
         "call",
-        f"{entry.impl or entry.source}: casts floating-point inputs, then calls the op again "
-        f"with {key} off"
-        + (
-            f"; the cast copies of {', '.join(v.name for v in cast)} carry their own keys"
-            if cast
-            else ""
-        ),
+        note,
         exclude=call.catalogue.functionality_raw(key),
         values=[
-            value.with_keyset(value.keyset & copies) if value in cast else value
+            value.with_keyset(value.keyset & copies) if value.name in cast else value
             for value in call.state.values
         ],
     )
