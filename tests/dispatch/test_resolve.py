@@ -147,11 +147,28 @@ def test_fake_tensor_mode_runs_the_fake_impl(custom_ops):
     assert "faked_fake" in r.python
 
 
-def test_tensor_subclass_hands_over_to_its_torch_dispatch():
+def test_tensor_subclass_is_followed_into_its_inner_tensors():
     x = TwoTensor(torch.randn(2), torch.randn(2))
     r = resolve("aten::add", x, x)
-    assert r.path[-1] == "Python"
-    assert "TwoTensor.__torch_dispatch__" in r.python
+    assert r.path == ("PythonTLSSnapshot", "AutogradCPU", "Python", "CPU")
+    python = r.steps[2]
+    assert python.action == "call" and "TwoTensor.__torch_dispatch__" in python.note
+    assert "inner tensors (a, b" in python.note
+    assert r.steps[3].assumed and r.python is None
+
+
+def test_a_wrapper_subclass_that_does_not_say_what_it_wraps_hands_over_to_python():
+    class Opaque(torch.Tensor):
+        @staticmethod
+        def __new__(cls, elem):
+            return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            raise NotImplementedError
+
+    r = resolve("aten::add", Opaque(torch.randn(2)), torch.randn(2))
+    assert r.path[-1] == "Python" and "Opaque.__torch_dispatch__" in r.python
 
 
 def test_dispatch_mode_steps_after_the_handler_are_marked_assumed():

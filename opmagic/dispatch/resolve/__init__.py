@@ -13,10 +13,13 @@ The simulation follows c10's dispatcher step by step:
 * user kernels at other keys are taken to redispatch below their key, as the dispatcher
   tutorial's kernels and ``Library.impl(..., with_keyset=True)`` kernels do.
 
-The parts: ``binding`` (overload, arguments, the tensors keys are read from), ``call`` (the
-call and state handlers see), ``handlers`` (what each key's kernel does next),
-``simulator`` (the walk), ``messages`` (the words), ``result`` (:class:`Resolution`).
-tests/dispatch/test_resolve_ground_truth.py checks the model against the real dispatcher.
+The parts: ``binding`` (overload, arguments checked by torch's conversion rules, the
+tensors keys are read from), ``call`` (the call and state handlers see), ``schema`` (what
+fallbacks read from the schema), ``handlers`` (what each key's kernel does next, a module
+per subject), ``simulator`` (the walk), ``messages`` (the words), ``result``
+(:class:`Resolution`). tests/dispatch/test_resolve_ground_truth.py and its siblings
+(test_resolve_argument_types, _refusals, _subclasses, _custom_ops) check the model against
+the real dispatcher.
 """
 
 from __future__ import annotations
@@ -37,8 +40,12 @@ def resolve(op: Any, *args: Any, **kwargs: Any) -> Resolution:
 
     ``op`` is anything :func:`opmagic.dispatch_table` accepts; for a packet
     (``torch.ops.aten.add``) the overload is chosen from the arguments as torch chooses it.
-    Nothing runs: no kernel is called and no argument is touched. The call is taken as
+    Nothing runs: no kernel of the op is called and no argument changes (a tensor passed
+    for a number is read, as the real call's conversion reads it). The call is taken as
     ``torch.ops`` makes it (boxed: Tensor, Tensor?, Tensor[] and Tensor?[] carry keys).
+    Raises ``ArgumentsMismatchError`` for arguments the real call refuses before any kernel
+    runs (no overload fits, a value of the wrong type); anything that fails in dispatch is
+    the resolution's ``.error``.
     """
     ref = op_ref(op)
     if ref.overload is None:

@@ -112,6 +112,21 @@ def test_bad_inputs_become_messages() -> None:
     assert model.outcome().message is None
 
 
+@pytest.mark.parametrize("vmap", [False, True])
+def test_a_value_of_the_wrong_type_is_a_message_not_a_path(vmap: bool) -> None:
+    model = ExplorerModel(scale)
+    model.set_context(vmap=vmap)
+    model.slots[1].value = "'abc'"  # the real call refuses a str for a float argument
+    outcome = model.outcome()
+    assert outcome.resolution is None
+    assert "Argument 'factor' of opmagic_explorer::explorer_scale must be a float" in (
+        outcome.message
+    )
+    assert "Expected a value of type 'float'" in outcome.message
+    model.slots[1].value = "2"  # an int is a float to torch
+    assert model.outcome().resolution is not None
+
+
 def test_opcheck_runs_on_the_sample_inputs() -> None:
     results = ExplorerModel(scale).opcheck()
     assert results["test_schema"] == "SUCCESS"
@@ -149,6 +164,16 @@ def test_widget_shows_bad_input_as_a_message_and_recovers() -> None:
     _tensor_control(explorer, "view").value = "none"
     assert explorer.message.value == ""
     assert explorer.path_view.value.startswith("<svg")
+
+
+def test_widget_shows_a_wrong_argument_type_as_a_message() -> None:
+    explorer = Explorer(scale)
+    factor = explorer.inputs.children[1].children[-1]
+    factor.value = "'abc'"
+    assert "must be a float" in explorer.message.value
+    assert explorer.path_view.value == ""
+    factor.value = "2.0"
+    assert explorer.message.value == "" and explorer.path_view.value.startswith("<svg")
 
 
 def test_widget_searches_and_switches_operators() -> None:
