@@ -28,7 +28,7 @@ from typing import Any
 
 from ..ops import op_ref
 from ..table import OperatorTable
-from .binding import bind_arguments, select_overload
+from .binding import argument_type_refusal, bind_arguments, select_overload
 from .result import DispatchInput, Resolution, Skip, Step
 from .simulator import Simulator
 
@@ -43,13 +43,16 @@ def resolve(op: Any, *args: Any, **kwargs: Any) -> Resolution:
     Nothing runs: no kernel of the op is called and no argument changes (a tensor passed
     for a number is read, as the real call's conversion reads it). The call is taken as
     ``torch.ops`` makes it (boxed: Tensor, Tensor?, Tensor[] and Tensor?[] carry keys).
-    Raises ``ArgumentsMismatchError`` for arguments the real call refuses before any kernel
-    runs (no overload fits, a value of the wrong type); anything that fails in dispatch is
-    the resolution's ``.error``.
+    Raises ``ArgumentsMismatchError`` for a call of the wrong shape (no overload of a packet
+    fits, too many, unknown or missing arguments). A call that fails is a resolution whose
+    ``.error`` says why: a value of the wrong type (torch refuses it before any kernel runs,
+    so the path is empty), or a failure in dispatch.
     """
     ref = op_ref(op)
     if ref.overload is None:
         ref = ref.with_overload(select_overload(ref, args, kwargs))
     table = OperatorTable(ref)
     arguments = bind_arguments(ref, table.schema_obj, args, kwargs)
-    return Simulator(ref, table, arguments).run()
+    simulator = Simulator(ref, table, arguments)
+    refusal = argument_type_refusal(ref, table.schema_obj, arguments, args, kwargs)
+    return simulator.refused(refusal) if refusal is not None else simulator.run()

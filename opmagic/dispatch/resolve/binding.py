@@ -87,8 +87,8 @@ def select_overload(ref: OpRef, args: tuple, kwargs: dict) -> str:
 
 
 def bind_arguments(ref: OpRef, schema: Any, args: tuple, kwargs: dict) -> list[BoundArgument]:
-    """Match call arguments to the schema's arguments, as the boxed Python call does, and
-    check their types by torch's own rules (an argument torch would refuse raises)."""
+    """Match call arguments to the schema's arguments, as the boxed Python call does (a call
+    of the wrong shape raises: too many, unknown, repeated or missing arguments)."""
     params = list(schema.arguments)
     positional = [p for p in params if not p.kwarg_only]
     if len(args) > len(positional):
@@ -109,21 +109,21 @@ def bind_arguments(ref: OpRef, schema: Any, args: tuple, kwargs: dict) -> list[B
         else:
             raise ArgumentsMismatchError(missing_argument_message(ref, schema, param.name))
         bound.append(BoundArgument(param.name, str(param.type), value))
-    _check_types(ref, schema, bound, args, kwargs)
     return bound
 
 
-def _check_types(
+def argument_type_refusal(
     ref: OpRef, schema: Any, bound: list[BoundArgument], args: tuple, kwargs: dict
-) -> None:
-    """Convert the arguments as torch's Python call does; a value it refuses raises here.
+) -> str | None:
+    """Why torch's Python call refuses a value of the wrong type, before any kernel runs, or
+    ``None`` when it converts every argument (checked by torch's own conversion).
 
     Ops that take numbers for Tensor arguments (``aten::add``, ``aten::mul``, ...) are
     checked with those numbers standing as tensors, as torch wraps them.
     """
     try:
         dispatcher.check_call_arguments(schema, args, kwargs)
-        return
+        return None
     except RuntimeError as exc:
         refusal = str(exc)
     if numbers_become_tensors(ref):
@@ -135,18 +135,16 @@ def _check_types(
                 tuple(_as_tensors(v, kinds[names[i]]) for i, v in enumerate(args)),
                 {k: _as_tensors(v, kinds[k]) for k, v in kwargs.items()},
             )
-            return
+            return None
         except RuntimeError as exc:
             refusal = str(exc)
     words = refusal.strip().splitlines()[0]
     match = _REFUSAL.search(words)
     given = {argument.name: argument.value for argument in bound}
     if match is None or match["name"] not in given:
-        raise ArgumentsMismatchError(argument_type_message(ref, schema, None, None, None, words))
-    raise ArgumentsMismatchError(
-        argument_type_message(
-            ref, schema, match["name"], match["type"], given[match["name"]], words
-        )
+        return argument_type_message(ref, schema, None, None, None, words)
+    return argument_type_message(
+        ref, schema, match["name"], match["type"], given[match["name"]], words
     )
 
 

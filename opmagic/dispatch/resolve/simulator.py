@@ -119,6 +119,16 @@ class Simulator:
             via = "call"
         if error is None and raised_on_return:  # the innermost kernel raises first
             error = raised_on_return[-1]
+        return self._resolution(error)
+
+    def refused(self, reason: str) -> Resolution:
+        """The resolution of a call torch refuses before dispatch (an argument's type): no
+        kernel runs, and ``reason`` is the error."""
+        return self._resolution(reason)
+
+    def _resolution(self, error: str | None) -> Resolution:
+        """The steps walked so far, the error, and the call's inputs and context in words."""
+        catalogue = self.call.catalogue
         return Resolution(
             op=str(self.call.ref),
             schema=self.call.table.schema,
