@@ -222,6 +222,18 @@ def py_kernel_keys(op_overload: Any) -> list[str]:
     ]
 
 
+def python_kernel(op_overload: Any, key: str) -> Any | None:
+    """The Python function ``py_impl`` put on an OpOverload for ``key``, or None.
+
+    ``torch/_meta_registrations.py`` registers each Python Meta kernel both here and with
+    the dispatcher (through one ``Library``, whose line is all the dispatcher records).
+    """
+    dispatch_key = getattr(_C.DispatchKey, key, None)
+    if dispatch_key is None:
+        return None
+    return getattr(op_overload, "py_kernels", {}).get(dispatch_key)
+
+
 def is_fake_mode(mode: Any) -> bool:
     """Whether a dispatch mode is a FakeTensorMode."""
     from torch._subclasses.fake_tensor import FakeTensorMode

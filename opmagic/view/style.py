@@ -15,6 +15,7 @@ KIND_COLOURS = {
     "autograd": "#6a1b9a",
     "fallback": "#ef6c00",
     "fallthrough": "#9e9e9e",
+    "stub": "#c62828",
     "ambiguous": "#c62828",
     "missing": "#c62828",
 }
@@ -25,6 +26,7 @@ KIND_FILLS = {
     "autograd": "#f3e5f5",
     "fallback": "#fff3e0",
     "fallthrough": "#f5f5f5",
+    "stub": "#fff8e1",
     "ambiguous": "#ffebee",
     "missing": "#ffebee",
 }

@@ -98,3 +98,11 @@ def test_key_names_and_operator_objects():
     assert dispatcher.operator_parts(torch.ops.aten.add) == ("aten", "add", None)
     assert dispatcher.operator_parts("aten::add") is None
     assert dispatcher.operator_parts(torch.add) is None
+
+
+def test_python_kernel():
+    """torch/_meta_registrations.py puts its Python Meta kernels on the OpOverload too."""
+    meta_mm = dispatcher.python_kernel(torch.ops.aten.mm.default, "Meta")
+    assert meta_mm is not None and meta_mm.__name__ == "meta_mm"
+    assert dispatcher.python_kernel(torch.ops.aten.mm.default, "NoSuchKey") is None
+    assert dispatcher.python_kernel(torch.ops.aten.mm.default, "XLA") is None
