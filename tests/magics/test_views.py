@@ -69,7 +69,7 @@ def test_dispatch_with_fake_and_logging_modes(shell) -> None:
 def test_dispatch_all_draws_every_key(shell) -> None:
     result = shell.run_line_magic("dispatch", "--all scale(x, 2.0)")
     assert isinstance(result, Diagram)
-    assert '"PythonDispatcher"' in result.dot
+    assert "PythonDispatcher" in result.dot and "· fallback" in result.dot
     assert "path: AutogradCPU -> CPU" in result.text
 
 
