@@ -33,6 +33,7 @@ KINDS = (
     "ambiguous",
     "missing",
 )
+OWN_KINDS = ("kernel", "alias", "autograd", "stub", "ambiguous")  # the op's own registrations
 KIND_TEXT = {
     "kernel": "kernel registered for this key",
     "alias": "kernel filled in from an alias key",
@@ -78,6 +79,12 @@ class TableEntry:
     def has_kernel(self) -> bool:
         """Whether a call reaching this key runs something (not missing, not skipped)."""
         return self.kind not in ("missing", "fallthrough")
+
+    @property
+    def is_own(self) -> bool:
+        """Whether the op's own registrations serve this key (not a process-wide fallback or
+        fallthrough, not nothing)."""
+        return self.kind in OWN_KINDS or (self.kind == "fallthrough" and not self.is_fallback)
 
     @property
     def source(self) -> str:

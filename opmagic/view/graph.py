@@ -35,7 +35,7 @@ from ..display import Displayable, renders
 from ..errors import OpmagicError
 from .render import render_svg
 from .style import DIM_COLOUR, FAIL_COLOUR, KIND_COLOURS, KIND_FILLS, PATH_COLOUR
-from .text import resolution_text, table_text
+from .text import keys_label, resolution_text, table_text
 
 if TYPE_CHECKING:
     from ..dispatch.resolve import Skip, Step
@@ -51,7 +51,6 @@ CLUSTER_LABELS = {
     "backend": "backends",
     "other": "other",
 }
-OWN_KINDS = ("kernel", "alias", "autograd", "stub", "ambiguous")  # drawn as full boxes
 _KIND_LEGEND = {
     "kernel": "own kernel",
     "alias": "via alias key",
@@ -140,10 +139,7 @@ def table_diagram(table: DispatchTable, show_all: bool = False) -> Diagram:
     column. Where there are more than :data:`_FULL_NODES` kernels (in a cluster, or in
     the column), they are one-line boxes with their sources in tooltips.
     """
-    if show_all:
-        shown = list(table.entries)
-    else:
-        shown = [e for e in table.entries if e.kind != "missing" and not e.is_fallback]
+    shown = list(table.entries) if show_all else [e for e in table.entries if e.is_own]
     hidden = len(table.entries) - len(shown)
     title = _wrapped([table.schema or table.op], _TITLE_WRAP)
     if hidden:
@@ -151,12 +147,12 @@ def table_diagram(table: DispatchTable, show_all: bool = False) -> Diagram:
     builder = _Builder(title)
     if show_all:
         nodes = _nodes(shown, {})
-        own = sum(1 for node in nodes if node.first.kind in OWN_KINDS)
+        own = sum(1 for node in nodes if node.first.is_own)
         builder.add_column(nodes, compact=own > _FULL_NODES)
     else:
         builder.add_clusters(_clusters(shown))
     builder.add_legend()
-    return Diagram(builder.graph, table_text(table, include_missing=show_all))
+    return Diagram(builder.graph, table_text(table, show_all=show_all))
 
 
 @renders(Resolution, "diagram")
@@ -314,7 +310,7 @@ def _nodes(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[_Node
         previous_skip = None
         if entry.category != category:
             own, category = {}, entry.category
-        if entry.kind in OWN_KINDS:
+        if entry.is_own:
             service = (entry.kind, entry.alias, entry.source)
             if service in own:
                 own[service].entries.append(entry)
@@ -330,25 +326,6 @@ def _nodes(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[_Node
             others[look] = (_Node([entry]), category)
             nodes.append(others[look][0])
     return nodes
-
-
-def _keys_label(entries: Sequence[TableEntry], named: int = 3) -> str:
-    """``CPU`` or ``CPU, CUDA, Meta + 60 more keys``: for a kernel of the op's own, the keys
-    most readers know named first; for fallbacks and the like, the first keys."""
-    if len(entries) <= named:
-        return ", ".join(e.key for e in entries)
-    if entries[0].kind in OWN_KINDS:
-        entries = sorted(entries, key=lambda e: _familiarity(e.key))
-    return f"{', '.join(e.key for e in entries[:named])} + {len(entries) - named} more keys"
-
-
-_FAMILIAR = ("CPU", "CUDA", "Meta", "AutogradCPU", "AutogradCUDA", "AutocastCPU", "AutocastCUDA")
-
-
-def _familiarity(key: str) -> int:
-    """The keys most readers know first (CPU, CUDA, Meta, then their autograd/autocast
-    keys), the others after them in priority order (a stable sort keeps it)."""
-    return _FAMILIAR.index(key) if key in _FAMILIAR else len(_FAMILIAR)
 
 
 def _tooltip(node: _Node) -> str:
@@ -475,8 +452,8 @@ class _Builder:
         entry, pin = node.first, node.pin
         attrs = {"tooltip": _plain(_tooltip(node))}
         classes = ["key"]
-        fields = [_keys_label(node.entries), entry.kind_label, entry.source]
-        text = f"{_keys_label(node.entries, 2)} · {entry.kind_label}"
+        fields = [keys_label(node.entries), entry.kind_label, entry.source]
+        text = f"{keys_label(node.entries, 2)} · {entry.kind_label}"
         if node.on_path:
             assert pin is not None
             classes.append("path")
@@ -496,15 +473,15 @@ class _Builder:
         elif pin is not None:
             classes.append("skipped")
             self._use("skipped")
-            text = f"{_keys_label(node.entries, 2)} · skipped: {pin.skip_reason}"
+            text = f"{keys_label(node.entries, 2)} · skipped: {pin.skip_reason}"
             attrs.update(_SKIPPED, fontcolor="#757575")
         else:
             self._use(entry.kind)
             attrs.update(fillcolor=KIND_FILLS[entry.kind], color=KIND_COLOURS[entry.kind])
-            if entry.kind not in OWN_KINDS:
+            if not entry.is_own:
                 attrs["fontcolor"] = "#616161" if entry.kind != "missing" else FAIL_COLOUR
         attrs["class"] = " ".join(classes)
-        if node.on_path or (pin is None and not compact and entry.kind in OWN_KINDS):
+        if node.on_path or (pin is None and not compact and entry.is_own):
             target.node(node.node_id, shape="record", label=_record(fields), **attrs)
             return None
         lines = _wrapped([text], _COMPACT_WRAP)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from html import escape
+
 import pytest
 import torch
 from IPython.core.error import UsageError
@@ -132,10 +134,21 @@ def test_kernels_long_and_missing(shell) -> None:
     assert list(ours.frame.index.get_level_values("op")) == ["opmagic_magics::scale"]
 
 
-def test_kernels_caps_the_styled_rows_but_keeps_the_frame(shell) -> None:
-    view = shell.run_line_magic("kernels", "aten")
+def test_kernels_folds_long_listings_and_names_the_call_for_all_rows(shell) -> None:
+    """20 rows shown, up to 200 folded under them, the count and the call that has them all."""
+    view = shell.run_line_magic("kernels", "aten --key CPU --missing Meta")
     assert len(view.frame) > 200
-    assert f"First 200 of {len(view.frame)} rows" in view._repr_html_()
+    html = view._repr_html_()
+    shown, folded = html.split("<details>")
+    assert shown.count("<tr>") == 2 + 20  # two header rows (keys, index names), the first rows
+    assert f"<summary>rows 21–200 of {len(view.frame):,}</summary>" in folded
+    assert folded.count("<tr>") == 2 + 180
+    call = "opmagic.kernels('aten', ['CPU'], wide=True, missing='Meta')"
+    assert f"{len(view.frame):,} rows in all; every one: <code>{escape(call)}</code>" in html
+    text = str(view).splitlines()
+    assert text[0].split() == ["op", "CPU", "Meta"]
+    assert " ".join(" ".join(text[-2:]).split()).endswith(f"all of them: {call}")
+    assert shell.run_line_magic("kernels", "opmagic_magics")._repr_html_().count("<details>") == 0
 
 
 @pytest.mark.parametrize(

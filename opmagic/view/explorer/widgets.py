@@ -129,8 +129,19 @@ class Explorer:
         self.opcheck_button.on_click(self._on_opcheck)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        """Display as the widget."""
-        return self.widget._repr_mimebundle_(**kwargs)
+        """Display as the widget; where no widget can show (a terminal), say what to use."""
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        if isinstance(data, dict) and "text/plain" in data:
+            data["text/plain"] = repr(self)
+        return bundle
+
+    def __repr__(self) -> str:
+        return (
+            f"opmagic explorer of {self.model.op_name or 'no operator'}: a Jupyter widget, shown "
+            "by JupyterLab or Notebook. In a terminal use opmagic.resolve(op, *args) or "
+            "python -m opmagic resolve OP --args '...'."
+        )
 
     # ------------------------------------------------------------------ handlers
 
