@@ -277,6 +277,34 @@ def test_bad_input_gives_one_clear_message_and_keeps_the_previous_op(
     assert torch.ops.t_bad.op(torch.zeros(1)).item() == 1
 
 
+def test_an_error_in_a_helper_shows_the_cells_call_chain(cells: Cells) -> None:
+    """The line that raised, and the cell line that called it, both at their cell lines."""
+    cell = (
+        "%%custom_op t_chain::op\n"
+        "def _checked(factor):\n"
+        "    if factor < 0:\n"
+        "        raise ValueError('factor must be positive')\n"
+        "    return torch.zeros(2)\n"
+        "def op(x: Tensor) -> Tensor:\n"
+        "    return x\n"
+        "_checked(-1.0)\n"
+    )
+    error = cells.fail(cell)
+    number = cells.shell.execution_count - 1
+    assert str(error).splitlines() == [
+        f"%%custom_op t_chain::op: cell [{number}], line 4: ValueError: factor must be positive",
+        f"    cell [{number}], line 8: _checked(-1.0)",
+        f"    cell [{number}], line 4, in _checked: raise ValueError('factor must be positive')",
+        "Fix the cell and run it again; t_chain::op was not registered.",
+    ]
+    assert error.__cause__.line == 4
+    outside = cells.fail(cell.replace("_checked(-1.0)", "torch.zeros(2).view(3)"))
+    assert "line 8: RuntimeError: shape '[3]' is invalid" in str(outside)
+    assert "raised in" not in str(outside)  # torch raised in C++: the cell line is the last
+    inside_torch = cells.fail(cell.replace("_checked(-1.0)", "torch.nn.functional.pad(1, 1)"))
+    assert re.search(r"\(raised in \w+, .*\.py:\d+\)", str(inside_torch)), str(inside_torch)
+
+
 def test_help_shows_every_option_and_companion(cells: Cells) -> None:
     doc = cells.shell.find_cell_magic("custom_op").__doc__
     for text in ("--mutates-args", "--device-types", "--schema", "--tags", "--check"):
