@@ -378,7 +378,7 @@ class _Builder:
             edge_attr={"fontname": _FONT, "fontsize": "10", "arrowsize": "0.7"},
         )
         self.ranks: list[list[str]] = []  # nodes top to bottom, a list per rank
-        self.styles: list[str] = []  # legend entries, in the order first used
+        self.styles: list[str] = []  # legend entries: the styles drawn
 
     def _use(self, style: str) -> None:
         if style not in self.styles:
@@ -548,7 +548,8 @@ class _Builder:
     def add_legend(self) -> None:
         """Rows under the diagram naming the styles it used; then the chain of ranks."""
         boxes = []
-        for number, style in enumerate(self.styles):
+        order = ["path", "failed", *KIND_FILLS, "skipped"]
+        for number, style in enumerate(sorted(self.styles, key=order.index)):
             attrs = _legend_attrs(style)
             self.graph.node(f"legend_{number}", **attrs)
             boxes.append((f"legend_{number}", len(attrs["label"])))

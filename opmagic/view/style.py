@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 # Every HTML view wraps itself in <div class="opmagic"> after this stylesheet.
+# The doubled class outranks JupyterLab's `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td`
+# (cells aligned right); the line-height undoes the one-line height ipywidgets gives the lines
+# of an HTML widget (the explorer's tabs).
 STYLESHEET = (
-    "<style>.opmagic td,.opmagic th{padding:1px 8px;text-align:left;vertical-align:top;"
-    "font-family:monospace;font-size:12px}.opmagic .dim{color:#888}</style>"
+    "<style>div.opmagic{line-height:1.4}div.opmagic.opmagic td,div.opmagic.opmagic th"
+    "{padding:1px 8px;text-align:left;vertical-align:top;font-family:monospace;font-size:12px}"
+    "div.opmagic.opmagic th{white-space:nowrap}div.opmagic .dim{color:#888}</style>"
 )
 
 # text colour per kernel kind (TableEntry.kind), in HTML, diagrams and DataFrames

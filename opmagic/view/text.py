@@ -138,6 +138,15 @@ def resolution_text(resolution: Resolution) -> str:
     return "\n".join(fitted(lines))
 
 
+def answer_line(resolution: Resolution) -> str:
+    """The answer in one line: the path, then what its last kernel does, or why it fails."""
+    path = " → ".join(resolution.path) or "(no kernel runs)"
+    if resolution.error:
+        return f"{path}  ✗ fails: {resolution.error}"
+    last = resolution.steps[-1] if resolution.steps else None
+    return f"{path}  ·  {last.key}: {last.note}" if last is not None else path
+
+
 @renders(OverloadTables, "text")
 def overload_tables_text(tables: OverloadTables) -> str:
     """Every overload's table, a blank line between them."""
