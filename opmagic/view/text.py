@@ -168,12 +168,11 @@ def aligned(
 ) -> list[str]:
     """Rows of cells as left-aligned columns that fit ``width`` (default: the terminal).
 
-    Every column but the last is padded to its widest cell; the last column wraps in the
-    room left, or goes on lines of its own below the row when that room is under
-    :data:`_MIN_LAST` characters or narrower than its longest word (a path). When even the
-    other columns do not fit, every row is a small record instead: its first cell, then
-    each other cell on a line of its own, indented. Nothing is cut. A row whose other
-    cells are empty (a heading) is printed as it is.
+    Every column but the last is padded to its widest cell; a last cell that does not fit
+    in the room left goes below its row, indented, wrapped to the width. When even the
+    other columns leave under :data:`_MIN_LAST` characters, every row is a small record
+    instead: its first cell, then each other cell on a line of its own, indented. Nothing
+    is cut. A row whose other cells are empty (a heading) is printed as it is.
     """
     if not rows:
         return []
@@ -198,10 +197,6 @@ def aligned(
         last = row[-1]
         if len(last) <= room:
             lines.append((start + last).rstrip())
-        elif room >= _MIN_LAST and max(len(word) for word in last.split()) <= room:
-            wrapped = _wrap(last, room)
-            lines.append(start + wrapped[0])
-            lines += [" " * len(start) + more for more in wrapped[1:]]
         else:
             lines.append(start.rstrip())
             lines += fitted([under + last], width)
@@ -243,8 +238,3 @@ def more_note(total: int, shown: int, what: str, show_all: str) -> list[str]:
     return fitted(
         [f"... {total - shown:,} more {what} ({total:,} in all); all of them: {show_all}"]
     )
-
-
-def _wrap(text: str, width: int) -> list[str]:
-    """``text`` wrapped at ``width``; a word longer than that (a path) is kept whole."""
-    return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [text]
