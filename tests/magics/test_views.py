@@ -121,6 +121,10 @@ def test_kernels_wide_by_default(shell) -> None:
     assert view.frame.loc[("opmagic_magics::scale", "default"), "CPU"].startswith("alias")
     assert "background-color" in view._repr_html_()
     assert "opmagic_magics::scale" in str(view)
+    every_key = shell.run_line_magic("kernels", "opmagic_magics")
+    plain = shell.display_formatter.format(every_key)[0]["text/plain"]  # terminal IPython
+    assert all(key in plain for key in every_key.frame.columns)  # all 17, not pandas' 2 of 17
+    assert "NaN" not in plain and "..." not in plain
 
 
 def test_kernels_long_and_missing(shell) -> None:
