@@ -1,4 +1,4 @@
-"""%%cuda_kernel timings: the NVRTC quick path, the nvcc full path, and launch overhead.
+"""%%cuda_kernel timings: the NVRTC quick path, the nvcc full path, launches and bandwidth.
 
     python benchmarks/cuda.py [--repeat N]
 
@@ -11,8 +11,12 @@ Each figure is printed with its ratio to a baseline measured in the same run:
   (needs a CUDA build of torch): opmagic's cold build <= 0.3x (after the one-time
   precompiled torch headers, reported separately), and re-running the unchanged source in a
   fresh process <= 0.5 s;
-- launch overhead (needs a GPU): calling the quick-path op against the same kernel in the
-  full-path C++ op, on 1k-element tensors, median per-call time of rounds of 2k calls.
+- launch overhead (needs a GPU): calling the quick-path op, and its launcher directly,
+  against the same kernel in the full-path C++ op, on 1k-element tensors, median per-call
+  time of rounds of 2k calls (torch.add for reference);
+- vector-add bandwidth (needs a GPU), baseline ``torch.add(a, b, out=out)`` on the same
+  sizes: the quick-path launcher and the full-path op, bytes read and written per second of
+  kernels queued back to back (behind a GPU sleep, timed by CUDA events).
 
 Every build figure is the wall time of the call in a fresh Python process with a private
 opmagic cache. Parts that need what this machine lacks print that they were skipped and why.
@@ -22,6 +26,7 @@ Exit status 1 when a target is missed.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import statistics
@@ -30,7 +35,9 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # this script is named cuda.py: its directory must not shadow the cuda package (cuda-bindings)
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -38,7 +45,11 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import torch  # noqa: E402
 
 from opmagic.errors import ToolchainError  # noqa: E402
-from opmagic.native.cuda.toolkit import find_cuda_toolkit, gpu_unavailable_reason  # noqa: E402
+from opmagic.native.cuda.toolkit import (  # noqa: E402
+    find_cuda_toolkit,
+    gpu_unavailable_reason,
+    running_gpu_arch,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 _compile_bench = importlib.util.spec_from_file_location(
@@ -119,11 +130,12 @@ def quick_path(repeat: int, scratch: Path, failures: list[str]) -> None:
         print(f"  baseline skipped: {error}")
     else:
         (scratch / "kernel.cu").write_text(KERNEL)
+        arch = running_gpu_arch() or "sm_80"  # what the quick path compiles for
         times = []
         for _ in range(repeat):
             started = time.perf_counter()
             subprocess.run(
-                [nvcc, "-cubin", "-arch=sm_80", "kernel.cu", "-o", "kernel.cubin"],
+                [nvcc, "-cubin", f"-arch={arch}", "kernel.cu", "-o", "kernel.cubin"],
                 cwd=scratch,
                 check=True,
             )
@@ -198,17 +210,22 @@ def full_path(repeat: int, scratch: Path, failures: list[str]) -> None:
     verdict = target("<= 0.3x", ok) if baseline else "target <= 0.3x: no baseline here"
     line(f"cold build, vector add ({first['mode']})", cold, baseline, verdict)
     failures += [] if ok else ["full cold"]
-    cached = statistics.median(run.child(FULL_CHILD, FULL_CU)["seconds"] for _ in range(repeat))
+    run.child(FULL_CHILD, FULL_CU)  # built once; then every run is a cache hit
+    hits = [run.child(FULL_CHILD, FULL_CU) for _ in range(repeat)]
+    assert all(hit["cached"] for hit in hits), hits
+    cached = statistics.median(hit["seconds"] for hit in hits)
     ok = cached <= 0.5
     line("re-run unchanged, fresh process (cache hit)", cached, baseline, target("<= 0.5 s", ok))
     failures += [] if ok else ["full cached"]
 
 
-def launch_overhead(scratch: Path) -> None:
-    """Per-call time of the quick-path op against the full-path C++ op (same kernel)."""
+def gpu_figures(scratch: Path) -> None:
+    """Launch overhead and vector-add bandwidth of both paths (the same kernel) on the GPU."""
     print("launch overhead (GPU):")
     reason = gpu_unavailable_reason()
     if reason is not None:
+        print(f"  skipped: {reason}")
+        print("vector-add bandwidth (GPU):")
         print(f"  skipped: {reason}")
         return
     from opmagic import compile_cuda_library, cuda_kernel_from_source
@@ -222,27 +239,79 @@ def launch_overhead(scratch: Path) -> None:
         launch="out = torch.empty_like(a); vadd[cdiv(a.numel(), 256), 256](a, b, out, a.numel());"
         " return out",
     )
+    vadd = quick.kernels.vadd
     a, b = torch.randn(1000, device="cuda"), torch.randn(1000, device="cuda")
-    ops = {"full": torch.ops.bench_full.vadd.default, "quick": torch.ops.bench_quick.vadd.default}
-    torch.testing.assert_close(ops["quick"](a, b), ops["full"](a, b))
-    per_call: dict[str, list[float]] = {"full": [], "quick": []}
-    for _ in range(15):
-        for name, op in ops.items():
+    out = torch.empty_like(a)
+    calls = {
+        "full": lambda: torch.ops.bench_full.vadd.default(a, b),
+        "quick": lambda: torch.ops.bench_quick.vadd.default(a, b),
+        "launcher": lambda: vadd[4, 256](a, b, out, 1000),
+        "torch": lambda: torch.add(a, b),
+    }
+    torch.testing.assert_close(calls["quick"](), calls["full"]())
+    per_call: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(15):  # rounds alternate, so that a change of load weighs on all alike
+        for name, call in calls.items():
             torch.cuda.synchronize()
             started = time.perf_counter()
             for _ in range(2000):
-                op(a, b)
+                call()
             torch.cuda.synchronize()
             per_call[name].append((time.perf_counter() - started) / 2000)
-    full_us = statistics.median(per_call["full"]) * 1e6
-    quick_us = statistics.median(per_call["quick"]) * 1e6
-    print(f"  {'full-path C++ op call (BASELINE)':<58} {full_us:7.1f} us   1.00x")
-    print(
-        f"  {'quick-path op call (Python kernel, driver launch)':<58} {quick_us:7.1f} us  "
-        f"{quick_us / full_us:5.2f}x  (reported)"
-    )
+    us = {name: statistics.median(times) * 1e6 for name, times in per_call.items()}
+    rows = [
+        ("full-path C++ op call, 1k elements (BASELINE)", "full", ""),
+        ("quick-path op call (Python kernel, driver launch)", "quick", "(reported)"),
+        ("quick-path launcher call vadd[grid, block](...)", "launcher", "(reported)"),
+        ("torch.add (for reference)", "torch", ""),
+    ]
+    for label, name, note in rows:
+        print(f"  {label:<58} {us[name]:7.1f} us  {us[name] / us['full']:5.2f}x  {note}")
+
+    print("vector-add bandwidth (GPU; bytes read and written per second, kernels queued back")
+    print("to back behind a GPU sleep, median of 5 rounds of 50):")
+    for n in (1 << 20, 1 << 24, 1 << 28):
+        _bandwidth_rows(vadd, n)
     quick.close()
     full.close()
+
+
+def _bandwidth_rows(vadd: Any, n: int) -> None:
+    """torch.add (the baseline), the quick-path launcher and the full-path op on ``n`` floats."""
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty_like(a)
+    vadd[(n + 255) // 256, 256](a, b, out, n)
+    torch.testing.assert_close(out, a + b)
+    torch.testing.assert_close(torch.ops.bench_full.vadd.default(a, b), a + b)
+    rates = {
+        "torch": _bandwidth(functools.partial(torch.add, a, b, out=out), 12 * n),
+        "quick": _bandwidth(functools.partial(vadd[(n + 255) // 256, 256], a, b, out, n), 12 * n),
+        "full": _bandwidth(functools.partial(torch.ops.bench_full.vadd.default, a, b), 12 * n),
+    }
+    size = f"{n * 4 >> 20} MiB per tensor"
+    print(f"  {f'torch.add, {size} (BASELINE)':<58} {rates['torch']:7.0f} GB/s  1.00x")
+    for name, label in (("quick", "quick-path launcher"), ("full", "full-path C++ op")):
+        ratio = rates[name] / rates["torch"]
+        print(f"  {f'{label}, {size}':<58} {rates[name]:7.0f} GB/s  {ratio:5.2f}x  (reported)")
+
+
+def _bandwidth(call: Callable[[], object], nbytes: int, rounds: int = 5, count: int = 50) -> float:
+    """GB/s of ``call``'s kernel: ``count`` launches queued behind a GPU sleep (so that the
+    GPU runs them back to back, whatever the launch overhead), timed by CUDA events."""
+    for _ in range(3):
+        call()
+    seconds = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(50_000_000)  # ~25 ms at 2 GHz: longer than queueing the launches
+        start.record()
+        for _ in range(count):
+            call()
+        end.record()
+        end.synchronize()
+        seconds.append(start.elapsed_time(end) / 1e3 / count)
+    return nbytes / statistics.median(seconds) / 1e9
 
 
 def _mkdir(path: Path) -> Path:
@@ -263,7 +332,7 @@ def main() -> int:
         os.environ["XDG_CACHE_HOME"] = str(Path(scratch) / "xdg-quick")
         quick_path(repeat, Path(scratch), failures)
         full_path(repeat, Path(scratch), failures)
-        launch_overhead(Path(scratch))
+        gpu_figures(Path(scratch))
     if failures:
         print(f"missed: {', '.join(failures)}")
     return 1 if failures else 0

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import view  # noqa: F401  (importing it registers the renderers)
 from .cells.checks import CheckReport, CheckRow, check_op
+from .cells.compare import CaseResult, Comparison, Mismatch, SweepProgress, compare
 from .cells.cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
 from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .cells.session import Session, SessionReport, active_session, registration_site
@@ -18,18 +19,24 @@ from .dispatch import (
     OverloadTables,
     Resolution,
     Step,
+    Surprise,
+    Surprises,
     TableEntry,
+    Trace,
+    TracedCall,
     dispatch_table,
     kernels,
     key_info,
     resolve,
     runtime_keys,
+    trace,
 )
 from .dispatch.contexts import CallContext
 from .errors import (
     ArgumentsMismatchError,
     BuildError,
     CellSourceError,
+    CompareError,
     CompileError,
     CudaToolkitError,
     ForeignOperatorError,
@@ -84,9 +91,12 @@ __all__ = [
     "ArgumentsMismatchError",
     "BuildError",
     "CallContext",
+    "CaseResult",
     "CellSourceError",
     "CheckReport",
     "CheckRow",
+    "CompareError",
+    "Comparison",
     "CompileError",
     "CudaKernel",
     "CudaKernelResult",
@@ -99,6 +109,7 @@ __all__ = [
     "KernelRow",
     "KeyInfo",
     "LoadedLibrary",
+    "Mismatch",
     "NoGPUError",
     "NotAnOperatorError",
     "OperatorNameError",
@@ -109,12 +120,18 @@ __all__ = [
     "Session",
     "SessionReport",
     "Step",
+    "Surprise",
+    "Surprises",
+    "SweepProgress",
     "TableEntry",
     "ToolchainError",
+    "Trace",
+    "TracedCall",
     "UnknownOperatorError",
     "active_session",
     "cdiv",
     "check_op",
+    "compare",
     "compile_cuda_kernels",
     "compile_cuda_library",
     "compile_library",
@@ -127,4 +144,5 @@ __all__ = [
     "registration_site",
     "resolve",
     "runtime_keys",
+    "trace",
 ]

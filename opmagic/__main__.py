@@ -8,8 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .dispatch.contexts import CONTEXT_ARGUMENTS, CallContext
 from .errors import OpmagicError
+from .magics.arguments import CONTEXT_OPTIONS, add_options, call_context
 
 if TYPE_CHECKING:
     from .view.graph import Diagram
@@ -42,8 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help='keyword arguments as a Python expression, e.g. "dict(alpha=2)"',
     )
-    for flags, spec in CONTEXT_ARGUMENTS:
-        resolve.add_argument(*flags, **spec)
+    add_options(resolve, CONTEXT_OPTIONS)
     resolve.add_argument(
         "--all", action="store_true", help="with --svg: draw every key of the operator"
     )
@@ -124,7 +123,7 @@ def _resolve(options: argparse.Namespace) -> str:
     kwargs = _evaluate(options.kwargs, "--kwargs") if options.kwargs.strip() else {}
     if not isinstance(kwargs, dict):
         raise OpmagicError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
-    resolution = CallContext.from_options(options).resolve(options.op, *args, **kwargs)
+    resolution = call_context(options).resolve(options.op, *args, **kwargs)
     _write_svg(options.svg, resolution.diagram(show_all=options.all))
     return str(resolution)
 

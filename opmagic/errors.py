@@ -66,6 +66,10 @@ class NoGPUError(OpmagicError, RuntimeError):
     """A kernel was asked to run where no GPU can run it (no driver, no device, CPU torch)."""
 
 
+class CompareError(OpmagicError, ValueError):
+    """Arguments of ``compare`` that cannot make a sweep (bad inputs, dtypes, devices)."""
+
+
 class CacheDirectoryError(BuildError):
     """The build cache directory is unsafe to load from (another owner, or open to others)."""
 

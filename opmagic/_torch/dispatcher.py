@@ -100,6 +100,12 @@ def dispatch_modes() -> list[Any]:
     return [_C._get_dispatch_stack_at(i) for i in range(_C._len_torch_dispatch_stack())]
 
 
+def torch_function_disabled() -> Any:
+    """A guard under which ``__torch_function__`` (modes and subclasses) is not consulted, so
+    reading a tensor's attributes runs no user code."""
+    return _C.DisableTorchFunction()
+
+
 def autograd_fallback_mode() -> str:
     """What the autograd fallback does for ops with no autograd kernel (``warn``, ``nothing``)."""
     return _C._get_autograd_fallback_mode()
@@ -294,5 +300,6 @@ def refresh_operators(qualnames: Iterable[str]) -> None:
         if namespace is None or name not in vars(namespace):
             continue
         delattr(namespace, name)
-        if name in namespace._dir:
-            namespace._dir.remove(name)
+        names = getattr(namespace, "_dir", None)
+        if isinstance(names, list) and name in names:
+            names.remove(name)

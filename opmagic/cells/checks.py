@@ -61,20 +61,20 @@ def check_op(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None)
 
 def describe_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
     """Short descriptions of sample arguments (tensors by dtype and shape)."""
-    parts = [_describe(value) for value in args]
-    parts += [f"{name}={_describe(value)}" for name, value in kwargs.items()]
+    parts = [describe_value(value) for value in args]
+    parts += [f"{name}={describe_value(value)}" for name, value in kwargs.items()]
     return "(" + ", ".join(parts) + ")"
 
 
-def _describe(value: Any) -> str:
-    """One sample argument in a few characters (``float32[3]``)."""
+def describe_value(value: Any) -> str:
+    """A value in a few characters: tensors by dtype and shape (``float32[3]``)."""
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).removeprefix("torch.")
         grad = ", requires_grad" if value.requires_grad else ""
         device = "" if value.device.type == "cpu" else f", {value.device}"
         return f"{dtype}{list(value.shape)}{device}{grad}"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_describe(v) for v in value) + "]"
+        return "[" + ", ".join(describe_value(v) for v in value) + "]"
     return repr(value)
 
 

@@ -198,7 +198,9 @@ def register_cuda_op(
             library = torch.library.Library(namespace, "FRAGMENT")
             if define:
                 library.define(str(target).split("::", 1)[1])
-            library.impl(name, function, "CUDA")
+            # a re-run registers before its previous run lets go (a failing run keeps it);
+            # torch 2.11 refuses a second Python kernel for the key unless told to override
+            library.impl(name, function, "CUDA", allow_override=True)
     return CudaOp(
         qualname,
         str(target),

@@ -314,27 +314,30 @@ class Session:
         record.handles.append(TrackedHandle(handle, description))
         return handle
 
-    def superseded_handles(self) -> list[Any]:
-        """Open handles tracked by the previous run of the running cell.
+    def superseded(self, kind: type, same_cell: Callable[[Any], bool]) -> Any | None:
+        """The open handle of type ``kind`` that the running cell's new one replaces.
 
-        A front end that must free one before making its replacement (e.g. a C++ library
-        that defines the same operators) closes it with :meth:`release`; it then stays
-        closed even if the new run fails.
+        This is the hot-reload lookup of front ends whose handles must be swapped in place
+        (a C++ library that defines the same operators): a cell with a key gets what its
+        previous run tracked; a cell without one (a terminal IPython, nbclient) gets the
+        newest handle of a key-less cell for which ``same_cell(handle)`` says that cell is
+        this one (e.g. it defined the same namespaces).
         """
-        if self._previous is None:
-            return []
-        return [t.handle for t in self._previous.handles if t.is_open]
-
-    def release(self, handle: Any) -> None:
-        """Close a tracked handle now and forget it."""
-        records = [*self._records.values(), self._outside, self._previous, self._run]
-        for record in [r for r in records if r is not None]:
-            for tracked in record.handles:
-                if tracked.handle is handle:
-                    tracked.close()
-                    record.handles.remove(tracked)
-                    return
-        raise OpmagicError(f"{handle!r} is not tracked by this session.")
+        run = self._run
+        if run is None:
+            return None
+        if run.has_key:
+            records = [self._previous] if self._previous is not None else []
+        else:
+            records = [r for r in reversed(self._records.values()) if not r.has_key]
+        for record in records:
+            for tracked in reversed(record.handles):
+                handle = tracked.handle
+                if not tracked.is_open or not isinstance(handle, kind):
+                    continue
+                if run.has_key or same_cell(handle):
+                    return handle
+        return None
 
     # ---------------------------------------------------------------- queries
 

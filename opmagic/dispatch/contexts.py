@@ -3,7 +3,8 @@
 ``resolve`` reads the current thread-local state; this module sets that state up the way a
 user's code would (``torch.no_grad()``, ``torch.inference_mode()``, ``torch.autocast``,
 ``FakeTensorMode``, a logging ``TorchDispatchMode``, ``torch.func.vmap``) and resolves
-inside it. The command line, the ``%dispatch`` magic and the explorer share it.
+inside it. The command line, the ``%dispatch`` magic and the explorer share it (their
+options are declared once, in ``opmagic.magics.arguments.CONTEXT_OPTIONS``).
 """
 
 from __future__ import annotations
@@ -19,34 +20,6 @@ from .._torch import dispatcher
 from ..errors import OpmagicError
 from .resolve import Resolution, resolve
 
-# The context options of the command line and of %dispatch: (flags, argparse keywords).
-CONTEXT_ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("--no-grad",), {"action": "store_true", "help": "resolve under torch.no_grad()"}),
-    (
-        ("--inference-mode",),
-        {"action": "store_true", "help": "resolve under torch.inference_mode()"},
-    ),
-    (
-        ("--autocast",),
-        {"metavar": "DEVICE", "help": "resolve under torch.autocast(DEVICE), e.g. cpu"},
-    ),
-    (
-        ("--vmap",),
-        {
-            "action": "store_true",
-            "help": "resolve inside torch.func.vmap over dim 0 of every tensor argument",
-        },
-    ),
-    (
-        ("--fake",),
-        {"action": "store_true", "help": "resolve under FakeTensorMode, with fake inputs"},
-    ),
-    (
-        ("--logging-mode",),
-        {"action": "store_true", "help": "resolve under a logging TorchDispatchMode"},
-    ),
-)
-
 
 @dataclass(frozen=True)
 class CallContext:
@@ -58,18 +31,6 @@ class CallContext:
     vmap: bool = False  # vmap over dim 0 of every tensor argument
     fake: bool = False  # FakeTensorMode, the tensor arguments converted with mode.from_tensor
     logging: bool = False  # a TorchDispatchMode that logs each operator and runs it
-
-    @classmethod
-    def from_options(cls, options: Any) -> CallContext:
-        """The context an argparse namespace built from :data:`CONTEXT_ARGUMENTS` asks for."""
-        return cls(
-            no_grad=options.no_grad,
-            inference_mode=options.inference_mode,
-            autocast=options.autocast,
-            vmap=options.vmap,
-            fake=options.fake,
-            logging=options.logging_mode,
-        )
 
     def words(self) -> list[str]:
         """The options that are on, in words (``["no_grad", "autocast cpu"]``)."""
@@ -89,6 +50,18 @@ class CallContext:
             if self.vmap:
                 return _resolve_vmapped(op, args, kwargs)
             return resolve(op, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """This context around a block of code (``%%trace``): under ``fake``, the tensors the
+        code creates are fake. ``vmap`` maps a function over its arguments, so it is refused."""
+        if self.vmap:
+            raise OpmagicError(
+                "--vmap maps a function over its tensor arguments, and a block of code has "
+                "none: call torch.func.vmap(f)(x) inside the code instead."
+            )
+        with self._entered():
+            yield
 
     @contextlib.contextmanager
     def _entered(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:

@@ -10,7 +10,13 @@ from ..errors import OpmagicError
 from .keys import catalogue
 from .ops import op_ref
 from .sites import label_site
-from .table import _OpTable, _parse_computed, classify, is_meta_stub, python_kernel_label
+from .table import (
+    OperatorTable,
+    classify,
+    is_meta_stub,
+    parse_computed_table,
+    python_kernel_label,
+)
 
 if TYPE_CHECKING:
     import pandas
@@ -69,24 +75,27 @@ def kernels(
     if missing is not None and missing not in wanted:
         wanted += _keys([missing])
     only = frozenset(wanted)
-    with_ceanf = set(dispatcher.registrations_for_key("CompositeExplicitAutogradNonFunctional"))
-    ceanf_sites: dict[str, str | None] = {}
+    with_non_functional = set(
+        dispatcher.registrations_for_key("CompositeExplicitAutogradNonFunctional")
+    )
+    non_functional_sites: dict[str, str | None] = {}
 
-    def ceanf_site(name: str) -> str | None:
-        if name not in with_ceanf:
+    def non_functional_site(name: str) -> str | None:
+        """Where ``name``'s CompositeExplicitAutogradNonFunctional kernel was registered."""
+        if name not in with_non_functional:
             return None
-        if name not in ceanf_sites:
-            ceanf_sites[name] = _OpTable(op_ref(name)).alias_site(
+        if name not in non_functional_sites:
+            non_functional_sites[name] = OperatorTable(op_ref(name)).alias_site(
                 "CompositeExplicitAutogradNonFunctional"
             )
-        return ceanf_sites[name]
+        return non_functional_sites[name]
 
     sites: dict[str, str] = {}
     rows: list[tuple] = []
     cells: list[list[str]] = []
     for name in _op_names(namespace):
         qualname, _, overload = name.partition(".")
-        computed = _parse_computed(dispatcher.dump_table(name), only)
+        computed = parse_computed_table(dispatcher.dump_table(name), only)
         if missing is not None and _has_own_kernel(name, missing, computed.get(missing)):
             continue
         if wide:
@@ -99,7 +108,7 @@ def kernels(
                 continue
             site, torch_kind, fallthrough = found
             kind, alias, is_fallback = classify(
-                torch_kind, fallthrough, site, lambda n=name: ceanf_site(n)
+                torch_kind, fallthrough, site, lambda n=name: non_functional_site(n)
             )
             if key == "Meta" and kind == "kernel" and _is_stub(qualname, name, site):
                 kind = "stub"
@@ -147,15 +156,18 @@ def _python_source(name: str, key: str, site: str) -> str | None:
 
 
 def _keys(keys: Iterable[str] | str | None) -> list[str]:
-    cat = catalogue()
+    key_catalogue = catalogue()
     if keys is None:
-        return [k for k in DEFAULT_KEYS if k in cat.by_name]
+        return [k for k in DEFAULT_KEYS if k in key_catalogue.by_name]
     if isinstance(keys, str):
-        keys = [k.strip() for k in keys.split(",")] if keys != "all" else list(cat.by_name)
+        if keys == "all":
+            keys = list(key_catalogue.by_name)
+        else:
+            keys = [k.strip() for k in keys.split(",")]
     wanted = list(keys)
-    unknown = [k for k in wanted if k not in cat.by_name]
+    unknown = [k for k in wanted if k not in key_catalogue.by_name]
     if unknown:
-        aliases = [k for k in unknown if k in cat.aliases]
+        aliases = [k for k in unknown if k in key_catalogue.aliases]
         hint = (
             f" {', '.join(map(repr, aliases))} "
             f"{'is an alias key' if len(aliases) == 1 else 'are alias keys'}:"

@@ -30,6 +30,15 @@ def is_identifier(text: str) -> bool:
     return isinstance(text, str) and IDENTIFIER.match(text) is not None
 
 
+def is_operator_name(text: str) -> bool:
+    """Whether ``text`` is spelled ``namespace::name`` or ``namespace::name.overload``."""
+    namespace, separator, rest = text.partition("::")
+    name, dot, overload = rest.partition(".")
+    return bool(separator) and is_identifier(namespace) and is_identifier(name) and (
+        not dot or is_identifier(overload)
+    )
+
+
 @dataclass(frozen=True)
 class OpRef:
     """An operator the dispatcher knows: one overload, or a packet when ``overload`` is None."""

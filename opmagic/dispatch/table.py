@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._torch import custom_op_state, dispatcher, library_hooks
 from ..display import Displayable
-from .keys import KeyCatalogue, KeyInfo, catalogue
+from .keys import KeyInfo, catalogue
 from .ops import OpRef, op_ref, overloads_of
 from .sites import label_callable, label_site, parse_site
 
@@ -209,26 +209,27 @@ def dispatch_table(op: Any, *, all_overloads: bool = False) -> DispatchTable | O
 
 def table_for(ref: OpRef) -> DispatchTable:
     """The table of one resolved overload."""
-    optable = _OpTable(ref)
-    entries = [optable.entry(info.name) for info in catalogue().runtime]
-    entries.append(optable.entry("Undefined"))
+    table = OperatorTable(ref)
+    entries = [table.entry(info.name) for info in catalogue().runtime]
+    entries.append(table.entry("Undefined"))
     return DispatchTable(
-        ref.dispatcher_name, optable.schema, tuple(entries), tuple(optable.registrations)
+        ref.dispatcher_name, table.schema, tuple(entries), tuple(table.registrations)
     )
 
 
-class _OpTable:
-    """One overload's computed table, read once and turned into entries on demand.
+class OperatorTable:
+    """One overload's computed dispatch table, read once and turned into entries on demand.
 
-    ``resolve`` needs only the entries on its path and the fallthrough keys, so it uses this
-    directly instead of building every entry of a :class:`DispatchTable`.
+    :func:`table_for` builds every entry from it; ``resolve`` needs only the entries on its
+    path and the fallthrough keys, and ``kernels`` only alias sites, so they use it directly
+    instead of building a whole :class:`DispatchTable`.
     """
 
     def __init__(self, ref: OpRef) -> None:
         self.ref = ref
         self.schema_obj = dispatcher.find_schema(ref.qualname, ref.overload or "")
         self.schema = str(self.schema_obj)
-        self._computed = _parse_computed(dispatcher.dump_table(ref.dispatcher_name))
+        self._computed = parse_computed_table(dispatcher.dump_table(ref.dispatcher_name))
         self._registrations: list[Registration] | None = None
         self._describe = _custom_op_describer(ref.qualname)
         self._entries: dict[str, TableEntry] = {}
@@ -260,20 +261,21 @@ class _OpTable:
             self._entries[key] = self._make_entry(info, self._computed.get(key))
         return self._entries[key]
 
-    def fallthrough_mask(self, cat: KeyCatalogue, keyset: int) -> int:
+    def fallthrough_mask(self, keyset: int) -> int:
         """Functionality bits to drop for ``keyset``: the op's fallthrough keys for its backend.
 
         Mirrors ``DispatchKeyExtractor::nonFallthroughKeysPerBackend_``: a per-backend key
         (e.g. AutogradXLA) only counts when the keyset's backend is that backend.
         """
-        backend = cat.backend_of(keyset)
+        key_catalogue = catalogue()
+        backend = key_catalogue.backend_of(keyset)
         mask = 0
         for key, (_, _, fallthrough) in self._computed.items():
-            if not fallthrough or key not in cat.by_name:
+            if not fallthrough or key not in key_catalogue.by_name:
                 continue
-            info = cat.by_name[key]
+            info = key_catalogue.by_name[key]
             if info.backend is None or info.backend == backend:
-                mask |= info.raw & ~cat.backend_mask
+                mask |= info.raw & ~key_catalogue.backend_mask
         return mask
 
     def _make_entry(self, info: KeyInfo, computed: tuple[str, str, bool] | None) -> TableEntry:
@@ -297,15 +299,19 @@ class _OpTable:
 
 
 def classify(
-    torch_kind: str, fallthrough: bool, site: str, ceanf_site: Callable[[], str | None]
+    torch_kind: str,
+    fallthrough: bool,
+    site: str,
+    non_functional_site: Callable[[], str | None],
 ) -> tuple[str, str | None, bool]:
     """``(kind, alias, is_fallback)`` of a computed entry from torch's label for it.
 
     torch labels kernels from CompositeExplicitAutograd and from its NonFunctional variant
-    both "default backend kernel"; the registration site tells them apart.
+    both "default backend kernel"; the registration site tells them apart:
+    ``non_functional_site()`` is the site of the op's NonFunctional kernel, if it has one.
     """
     kind, alias = _TORCH_KIND.get(torch_kind, ("kernel", None))
-    if alias == "CompositeExplicitAutograd" and ceanf_site() == site:
+    if alias == "CompositeExplicitAutograd" and non_functional_site() == site:
         alias = "CompositeExplicitAutogradNonFunctional"
     is_fallback = kind == "fallback"
     return ("fallthrough" if fallthrough else kind), alias, is_fallback
@@ -332,10 +338,13 @@ def is_meta_stub(ref: OpRef, site: str) -> bool:
     return not custom_op_state.custom_op_can_fake_trivially(ref.op_overload())
 
 
-def _parse_computed(
+def parse_computed_table(
     text: str, only: set[str] | frozenset[str] | None = None
 ) -> dict[str, tuple[str, str, bool]]:
     """``key -> (site, torch's kind label, is_fallthrough)`` from ``_dispatch_dump_table``.
+
+    The one parser of computed tables: :class:`OperatorTable` reads one operator's,
+    ``kernels()`` every operator's.
 
     Lines read ``Key: [fallthrough ]registered at FILE:LINE [kind]``; parsed with string
     methods, and only for the keys in ``only`` when given, because ``kernels()`` parses

@@ -2,8 +2,8 @@
 
 Each magic class lives in its own module here and is a thin front on a public opmagic
 function. IPython is imported only when the extension is loaded. Loading also starts the
-cell session (every cell's torch.library registrations become re-runnable); unloading
-removes everything the session's cells registered.
+cell session (``SessionMagics``: every cell's torch.library registrations become
+re-runnable); unloading removes everything the session's cells registered.
 """
 
 from __future__ import annotations
@@ -18,29 +18,34 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("torch_library", "TorchLibraryMagics"),
     ("cuda_kernel", "CudaKernelMagics"),
     ("views", "ViewMagics"),
+    ("compare", "CompareMagics"),
+    ("trace", "TraceMagics"),
 ]
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register opmagic's magics with an IPython shell and start the session."""
-    from . import session
-
-    session.start(ipython)
+    """Register opmagic's magics with an IPython shell; the session starts with them."""
     for module, name in MAGIC_CLASSES:
-        magics = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        ipython.register_magics(magics)
+        ipython.register_magics(getattr(importlib.import_module(f"{__name__}.{module}"), name))
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """Undo :func:`load_ipython_extension` (``%unload_ext opmagic``)."""
-    from . import session
+    """Undo :func:`load_ipython_extension` (``%unload_ext opmagic``).
 
-    for module, name in MAGIC_CLASSES:
+    Every magic is removed and closed (the session last, which removes everything its cells
+    registered), even when one of them fails to close; the first failure is raised after.
+    """
+    failures: list[BaseException] = []
+    for module, name in reversed(MAGIC_CLASSES):
         magics = getattr(importlib.import_module(f"{__name__}.{module}"), name)
         for kind, names in magics.magics.items():
             for magic_name in names:
                 ipython.magics_manager.magics[kind].pop(magic_name, None)
         instance = ipython.magics_manager.registry.pop(name, None)
-        if hasattr(instance, "close"):  # magics holding resources (loaded C++ libraries)
-            instance.close()
-    session.stop()
+        try:
+            if hasattr(instance, "close"):  # magics holding resources: the session
+                instance.close()
+        except Exception as error:  # unload must finish: report the first failure after
+            failures.append(error)
+    if failures:
+        raise failures[0]

@@ -14,26 +14,30 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.cuda_kernel import CudaKernelResult, cuda_kernel_from_source
 from ..cells.session import active_session
 from ..errors import CompileError, OpmagicError
-from ..native import DEFAULT_OPT_LEVEL
+from ..native.blocks import scan_blocks
 from ..native.cuda.library import compile_cuda_library
-from ..native.cuda.source import has_registration_blocks
-from .arguments import unquote
+from .arguments import (
+    BUILD_OPTIONS,
+    COMPARE_OPTIONS,
+    build_keywords,
+    given_build_options,
+    parse_options,
+    unquote,
+    with_options,
+)
+from .compare import compare_cell
 from .session import running_cell_number
-from .torch_library import CELL_BODY_FIRST_LINE, LibraryCells
+from .torch_library import CELL_BODY_FIRST_LINE, load_library_cell
 
 
 @magics_class
-class CudaKernelMagics(Magics, LibraryCells):
-    """The ``%%cuda_kernel`` cell magic, and the full-path libraries it loaded, per cell."""
-
-    def __init__(self, shell: Any) -> None:
-        super().__init__(shell)
-        self._follow_cells()
+class CudaKernelMagics(Magics):
+    """The ``%%cuda_kernel`` cell magic."""
 
     @magic_arguments()
     @argument(
@@ -48,15 +52,6 @@ class CudaKernelMagics(Magics, LibraryCells):
         default="",
         metavar="FLAGS",
         help='extra NVRTC (quick path) or nvcc (full path) flags, one string: --flags="-DN=4"',
-    )
-    @argument(
-        "-I",
-        "--include",
-        dest="include_dirs",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="an include directory (repeatable); CUDA's own headers are found by themselves",
     )
     @argument(
         "--op",
@@ -78,31 +73,14 @@ class CudaKernelMagics(Magics, LibraryCells):
         help="quick path, with --op: the schema to define the op with if it does not exist, "
         'e.g. "(Tensor a, Tensor b) -> Tensor"',
     )
-    @argument("-n", "--name", help="full path: library name (lib<NAME>.so)")
-    @argument(
-        "-O",
-        "--opt",
-        dest="opt_level",
-        default=None,
-        help=f"full path: host optimisation level 0, 1, 2, 3, s or g (default {DEFAULT_OPT_LEVEL})",
-    )
-    @argument("--cflags", default="", metavar="FLAGS", help="full path: extra g++ flags")
-    @argument("--ldflags", default="", metavar="FLAGS", help="full path: extra linker flags")
     @argument(
         "--whole",
         action="store_true",
         help="full path: compile the cell as one nvcc translation unit, as setup.py does "
         "(slower: nvcc reads torch's headers; for cells the split cannot handle)",
     )
-    @argument(
-        "--no-pch",
-        dest="precompiled_headers",
-        action="store_false",
-        default=None,
-        help="full path: do not use precompiled torch headers for the host code",
-    )
-    @argument("-f", "--force", action="store_true", help="full path: rebuild even if cached")
-    @argument("-v", "--verbose", action="store_true", help="full path: print the commands")
+    @with_options(BUILD_OPTIONS)  # -I for both paths; the rest for the full path's host build
+    @with_options(COMPARE_OPTIONS)
     @cell_magic
     def cuda_kernel(self, line: str, cell: str) -> Any:
         """Compile the CUDA kernels of this cell and bind or register them.
@@ -132,17 +110,17 @@ class CudaKernelMagics(Magics, LibraryCells):
         Without a GPU both paths compile (errors point at cell lines) and register; launching
         raises NoGPUError. Re-running a cell replaces what it made.
         """
-        args = parse_argstring(self.cuda_kernel, line)
-        if has_registration_blocks(cell):
+        args = parse_options(self.cuda_kernel, line)
+        magic = "%%cuda_kernel"
+        if scan_blocks(cell):
             quick = [f"--{o}" for o in ("op", "launch", "schema") if getattr(args, o)]
             self._refuse(quick, "a cell with TORCH_LIBRARY blocks (the nvcc full path)")
-            return self._full_path(args, cell)
-        full = [f"--{o}" for o in ("name", "cflags", "ldflags", "whole", "force", "verbose")]
-        full = [o for o in full if getattr(args, o[2:])]
-        full += ["--opt"] * (args.opt_level is not None)
-        full += ["--no-pch"] * (args.precompiled_headers is False)
+            return compare_cell(self.shell, args.compare, self._full_path(args, cell), magic)
+        # -I applies to both paths (CUDA's own headers are found by themselves)
+        full = [o for o in given_build_options(args) if o != "--include"]
+        full += ["--whole"] * args.whole
         self._refuse(full, 'a cell of extern "C" kernels (the NVRTC quick path)')
-        return self._quick_path(args, line, cell)
+        return compare_cell(self.shell, args.compare, self._quick_path(args, line, cell), magic)
 
     @staticmethod
     def _refuse(given: list[str], what: str) -> None:
@@ -152,25 +130,15 @@ class CudaKernelMagics(Magics, LibraryCells):
 
     def _full_path(self, args: Any, cell: str) -> Any:
         """Build, load and register the cell as a CUDA extension source (hot reload)."""
-        return self._load(
+        build = functools.partial(
+            compile_cuda_library,
             cell,
-            "%%cuda_kernel",
-            functools.partial(
-                compile_cuda_library,
-                cell,
-                arch=unquote(args.arch),
-                whole=args.whole,
-                nvcc_flags=unquote(args.flags) or "",
-                name=args.name,
-                extra_cflags=unquote(args.cflags) or "",
-                extra_ldflags=unquote(args.ldflags) or "",
-                include_dirs=args.include_dirs,
-                opt_level=args.opt_level or DEFAULT_OPT_LEVEL,
-                precompiled_headers=args.precompiled_headers is not False,
-                force=args.force,
-                verbose=args.verbose,
-            ),
+            arch=unquote(args.arch),
+            whole=args.whole,
+            nvcc_flags=unquote(args.flags) or "",
+            **build_keywords(args),
         )
+        return load_library_cell(self.shell, cell, "%%cuda_kernel", build)
 
     def _quick_path(self, args: Any, line: str, cell: str) -> CudaKernelResult:
         """Compile with NVRTC, bind the launchers and register the op's CUDA kernel."""

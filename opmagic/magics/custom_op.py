@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.custom_op import CustomOpResult, custom_op_from_source
 from ..errors import OpmagicError
-from .arguments import unquote
+from .arguments import COMPARE_OPTIONS, parse_options, unquote, with_options
+from .compare import compare_cell
 from .session import running_cell_number
 
 
@@ -70,6 +71,7 @@ class CustomOpMagics(Magics):
         "torch.library.opcheck, and gradcheck when the cell has a @backward, and shows "
         "a pass/fail table",
     )
+    @with_options(COMPARE_OPTIONS)
     @cell_magic
     def custom_op(self, line: str, cell: str) -> CustomOpResult:
         """Make a PyTorch custom operator from the type-hinted function in this cell.
@@ -101,7 +103,7 @@ class CustomOpMagics(Magics):
             def _(x):
                 return torch.empty_like(x)
         """
-        args = parse_argstring(self.custom_op, line)
+        args = parse_options(self.custom_op, line)
         mutates = unquote(args.mutates_args) or ""
         device_types = unquote(args.device_types)
         devices = _names(device_types) if device_types is not None else None
@@ -109,7 +111,7 @@ class CustomOpMagics(Magics):
         shell = self.shell
         filename = shell.compile.cache(source, running_cell_number(shell), raw_code=source)
         try:
-            return custom_op_from_source(
+            result = custom_op_from_source(
                 source,
                 args.name,
                 mutates_args="unknown" if mutates.strip() == "unknown" else _names(mutates),
@@ -122,3 +124,4 @@ class CustomOpMagics(Magics):
             )
         except OpmagicError as error:
             raise UsageError(f"%%custom_op {args.name}: {error}") from error
+        return compare_cell(shell, args.compare, result, f"%%custom_op {args.name}")

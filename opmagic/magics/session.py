@@ -13,16 +13,13 @@ import re
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.session import Session, SessionReport
 from ..dispatch.sites import add_labeler, remove_labeler
-from ..errors import OpmagicError
+from .arguments import parse_options
 
 _INPUT_CELL = re.compile(r"^<ipython-input-(\d+)-")
-
-_running: IPythonSession | None = None
-
 
 class IPythonSession:
     """A :class:`Session` driven by an IPython shell's cell events."""
@@ -90,28 +87,23 @@ def _number_of_starting_cell(shell: Any) -> int:
 
 def running_cell_number(shell: Any) -> int:
     """The In [n] of the cell running now (for magics that label what the cell made)."""
-    return _running.running_number if _running is not None else shell.execution_count
-
-
-def start(shell: Any) -> None:
-    """Start the session of ``%load_ext opmagic``."""
-    global _running
-    session = IPythonSession(shell)
-    session.start()
-    _running = session
-
-
-def stop() -> None:
-    """End the session of ``%unload_ext opmagic``, removing what its cells registered."""
-    global _running
-    if _running is not None:
-        session, _running = _running, None
-        session.stop()
+    magics = shell.magics_manager.registry.get(SessionMagics.__name__)
+    return magics.cells.running_number if magics is not None else shell.execution_count
 
 
 @magics_class
 class SessionMagics(Magics):
-    """``%opmagic``: the state of the opmagic session."""
+    """``%opmagic``, and the session of ``%load_ext opmagic`` (started with this instance,
+    stopped by :meth:`close` at ``%unload_ext``)."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.cells = IPythonSession(shell)
+        self.cells.start()
+
+    def close(self) -> None:
+        """Stop the session, removing what its cells registered."""
+        self.cells.stop()
 
     @magic_arguments()
     @argument(
@@ -127,7 +119,5 @@ class SessionMagics(Magics):
         Re-running a cell replaces what it registered before; ``%unload_ext opmagic``
         removes everything listed here.
         """
-        parse_argstring(self.opmagic, line)
-        if _running is None:
-            raise OpmagicError("No opmagic session is running: %load_ext opmagic first.")
-        return _running.session.report()
+        parse_options(self.opmagic, line)
+        return self.cells.session.report()

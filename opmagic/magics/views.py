@@ -12,23 +12,16 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..dispatch import Resolution, kernels
-from ..dispatch.contexts import CONTEXT_ARGUMENTS, CallContext
 from ..errors import OpmagicError
 from ..view.frames import KernelsView, kernels_call
 from ..view.graph import Diagram
+from .arguments import CONTEXT_OPTIONS, call_context, parse_options, with_options
 
-_VALUED_OPTIONS = {flags[0] for flags, spec in CONTEXT_ARGUMENTS if "metavar" in spec}
+_VALUED_OPTIONS = {option.flags[0] for option in CONTEXT_OPTIONS if option.takes_value}
 _CALL_EXAMPLE = "%dispatch torch.ops.aten.add(x, y)"
-
-
-def _with_context_arguments(magic: Any) -> Any:
-    """Decorate a magic with the context options shared with the command line."""
-    for flags, spec in reversed(CONTEXT_ARGUMENTS):
-        magic = argument(*flags, **spec)(magic)
-    return magic
 
 
 @magics_class
@@ -41,7 +34,7 @@ class ViewMagics(Magics):
         action="store_true",
         help="draw every dispatch key of the operator, not only those the call touched",
     )
-    @_with_context_arguments
+    @with_options(CONTEXT_OPTIONS)
     @argument(
         "call",
         nargs="*",
@@ -58,10 +51,10 @@ class ViewMagics(Magics):
         :class:`~opmagic.Resolution` (with ``--all``, its full diagram).
         """
         options_text, expression = split_options(line, _VALUED_OPTIONS)
-        options = parse_argstring(self.dispatch, options_text)
+        options = parse_options(self.dispatch, options_text)
         op, args, kwargs = self._evaluate_call(expression)
         try:
-            resolution = CallContext.from_options(options).resolve(op, *args, **kwargs)
+            resolution = call_context(options).resolve(op, *args, **kwargs)
         except OpmagicError as exc:
             raise UsageError(str(exc)) from exc
         return resolution.diagram(show_all=True) if options.all else resolution
@@ -88,7 +81,7 @@ class ViewMagics(Magics):
     @line_magic
     def kernels(self, line: str) -> KernelsView:
         """Kernels per dispatch key for the operators of a namespace (or of the process)."""
-        options = parse_argstring(self.kernels, line)
+        options = parse_options(self.kernels, line)
         keys = None
         if options.key:
             keys = "all" if options.key == ["all"] else options.key

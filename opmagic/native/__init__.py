@@ -5,16 +5,18 @@ full path) and :func:`compile_cuda_kernels` (NVRTC quick path) are the API; the
 ``%%torch_library`` and ``%%cuda_kernel`` magics are fronts on them.
 """
 
+from .blocks import Block
 from .cache import cache_root
 from .cuda.launcher import CudaKernel, cdiv
 from .cuda.library import compile_cuda_library
 from .cuda.nvrtc import CudaKernels, compile_cuda_kernels
 from .diagnostics import Diagnostic
 from .headers import HEADER_SETS, HeaderSet
-from .library import DEFAULT_OPT_LEVEL, BuildInfo, LoadedLibrary, compile_library
-from .loader import Block
+from .library import LoadedLibrary, compile_library
+from .options import DEFAULT_OPT_LEVEL
+from .pipeline import BuildInfo
 from .progress import BuildProgress, StderrProgress, stderr_progress
-from .registrations import NewKernel, NewOperator
+from .snapshots import NewKernel, NewOperator
 
 __all__ = [
     "DEFAULT_OPT_LEVEL",

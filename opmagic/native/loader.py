@@ -14,27 +14,13 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LoadError
+from .blocks import Block
 
 ABI_VERSION = 1  # opmagic_abi_version() of libraries built with this preamble
 _UNDEFINED = re.compile(r"undefined symbol: (\S+)")
-
-
-@dataclass(frozen=True)
-class Block:
-    """One ``TORCH_LIBRARY*`` block of a source: which macro, namespace and key, and where."""
-
-    macro: str  # "TORCH_LIBRARY", "TORCH_LIBRARY_FRAGMENT" or "TORCH_LIBRARY_IMPL"
-    namespace: str
-    key: str | None  # the dispatch key of a TORCH_LIBRARY_IMPL block
-    line: int
-
-    def __str__(self) -> str:
-        args = f"{self.namespace}, {self.key}" if self.key else self.namespace
-        return f"{self.macro}({args})"
 
 
 class NativeLibrary:

@@ -43,6 +43,10 @@ class Toolchain:
     torch_includes: tuple[str, ...]
     python_include: str
     torch_lib: str
+    # the process's libstdc++.so.6, linked by path when the compiler finds no shared libstdc++
+    # of its own (else it would link its static libstdc++.a into the library, beside the
+    # process's: a crash at the first iostream use)
+    libstdcxx: str | None = None
 
     @property
     def system_includes(self) -> tuple[str, ...]:
@@ -93,6 +97,8 @@ class Toolchain:
         flags = ["-shared"]
         if self.gold:
             flags.append("-fuse-ld=gold")
+        if self.libstdcxx:
+            flags.append(self.libstdcxx)
         flags += [f"-L{self.torch_lib}", *(f"-l{lib}" for lib in TORCH_LIBRARIES)]
         flags.append(f"-Wl,-rpath,{self.torch_lib}")
         return flags + list(extra_ldflags)
@@ -131,16 +137,46 @@ def _find_toolchain(cxx: str, path: str) -> Toolchain:
             "cannot build C++ extensions. Reinstall torch from its official wheels or conda "
             "package (pip install --force-reinstall torch), which ship the headers."
         )
+    is_gcc = "Free Software Foundation" in version_text and "clang" not in version_text
+    libstdcxx = None if not is_gcc or _has_shared_libstdcxx(compiler) else _process_libstdcxx()
     return Toolchain(
         compiler=compiler,
         version=version_text,
-        is_gcc="Free Software Foundation" in version_text and "clang" not in version_text,
+        is_gcc=is_gcc,
         ccache=launcher or shutil.which("ccache", path=path),
-        gold=shutil.which("ld.gold", path=path) is not None,
+        # gold takes a dangling libstdc++.so for a file it cannot open; bfd skips it
+        gold=libstdcxx is None and shutil.which("ld.gold", path=path) is not None,
         torch_includes=torch_includes,
         python_include=sysconfig.get_paths()["include"],
         torch_lib=str(torch_root / "lib"),
+        libstdcxx=libstdcxx,
     )
+
+
+def _has_shared_libstdcxx(compiler: tuple[str, ...]) -> bool:
+    """Whether GCC's ``-lstdc++`` finds a shared libstdc++ (some installs' libstdc++.so is a
+    dangling symlink: the GPU machine's $CXX has one beside a real libstdc++.a)."""
+    found = subprocess.run(
+        [*compiler, "-print-file-name=libstdc++.so"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    ).stdout.strip()
+    return os.path.isabs(found) and os.path.exists(found)
+
+
+def _process_libstdcxx() -> str:
+    """The libstdc++ this process has loaded (torch's), as a linker input."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if os.path.basename(path).startswith("libstdc++.so"):
+                    return path
+    except OSError:
+        pass
+    return "-l:libstdc++.so.6"
 
 
 def _default_compiler(path: str) -> tuple[str, ...]:

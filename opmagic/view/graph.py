@@ -364,7 +364,7 @@ class _Builder:
                 "nodesep": "0.2",
                 "ranksep": "0.16",
                 "margin": "0.05",
-                "label": _label(title),
+                "label": dot_label(title),
             },
             node_attr={
                 "shape": "box",
@@ -485,7 +485,7 @@ class _Builder:
             target.node(node.node_id, shape="record", label=_record(fields), **attrs)
             return None
         lines = _wrapped([text], _COMPACT_WRAP)
-        target.node(node.node_id, label=_label(lines), **attrs)
+        target.node(node.node_id, label=dot_label(lines), **attrs)
         return max(len(line) for line in lines)
 
     def add_path(self, resolution: Resolution, ids: dict[str, str]) -> None:
@@ -495,7 +495,7 @@ class _Builder:
         lines += list(resolution.context)
         self.graph.node(
             "call",
-            label=_label(_wrapped(lines, _NOTE_WRAP), align="l"),
+            label=dot_label(_wrapped(lines, _NOTE_WRAP), align="l"),
             shape="note",
             fillcolor="#fffde7",
             color="#f9a825",
@@ -532,7 +532,7 @@ class _Builder:
         """A note right below the last step: why dispatch fails, or where Python takes over."""
         self.graph.node(
             name,
-            label=_label([heading, *_wrapped([text], _NOTE_WRAP)], align="l"),
+            label=dot_label([heading, *_wrapped([text], _NOTE_WRAP)], align="l"),
             shape="note" if name == "python" else "box",
             color=colour,
             fontcolor=colour,
@@ -594,7 +594,7 @@ def _wrapped(lines: Iterable[str], width: int) -> list[str]:
     return out
 
 
-def _label(lines: Sequence[str], align: str = "n") -> graphviz.quoting.NoHtml:
+def dot_label(lines: Sequence[str], align: str = "n") -> graphviz.quoting.NoHtml:
     """A plain label of ``lines``: centred (``n``) or left-aligned (``l``)."""
     return graphviz.nohtml("".join(_plain(line) + f"\\{align}" for line in lines))
 

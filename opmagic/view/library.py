@@ -15,7 +15,7 @@ from .style import FAIL_COLOUR, styled
 from .text import aligned, fitted
 
 if TYPE_CHECKING:
-    from ..native.registrations import NewKernel
+    from ..native.snapshots import NewKernel
 
 
 def build_summary(library: LoadedLibrary) -> str:

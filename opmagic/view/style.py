@@ -9,7 +9,11 @@ from __future__ import annotations
 STYLESHEET = (
     "<style>div.opmagic{line-height:1.4}div.opmagic.opmagic td,div.opmagic.opmagic th"
     "{padding:1px 8px;text-align:left;vertical-align:top;font-family:monospace;font-size:12px}"
-    "div.opmagic.opmagic th{white-space:nowrap}div.opmagic .dim{color:#888}</style>"
+    "div.opmagic.opmagic th{white-space:nowrap}div.opmagic .dim{color:#888}"
+    ".opmagic .call{font-family:monospace;font-size:12px;white-space:nowrap}"
+    ".opmagic .calls{margin-left:10px;padding-left:8px;border-left:1px solid #ddd}"
+    ".opmagic .call .op{font-weight:bold}.opmagic .call .time{color:#555}"
+    ".opmagic div.call{padding-left:14px}</style>"
 )
 
 # text colour per kernel kind (TableEntry.kind), in HTML, diagrams and DataFrames
@@ -34,7 +38,9 @@ KIND_FILLS = {
     "ambiguous": "#ffebee",
     "missing": "#ffebee",
 }
-STATUS_COLOURS = {"pass": "#2e7d32", "FAIL": "#c62828", "skip": "#9e9e9e"}  # check results
+# check and comparison results
+STATUS_COLOURS = {"pass": "#2e7d32", "FAIL": "#c62828", "error": "#c62828", "skip": "#9e9e9e"}
+FAIL_FILL = "#ffebee"  # the background of failing rows
 PATH_COLOUR = "#0d47a1"  # the call's path in diagrams
 FAIL_COLOUR = "#c62828"  # where dispatch fails
 DIM_COLOUR = "#9e9e9e"  # keys passed over

@@ -55,6 +55,25 @@ def test_thread_local_state():
     assert not dispatcher.is_fake_tensor_type(torch.Tensor) and issubclass(FakeTensor, torch.Tensor)
 
 
+def test_torch_function_disabled():
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Watching(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(2)
+    with Watching():
+        with dispatcher.torch_function_disabled():
+            _ = x.dtype, x.shape
+        assert seen == []
+        _ = x.dtype
+    assert seen  # the mode sees attribute reads outside the guard
+
+
 def test_tensor_keys_and_functorch():
     x = torch.randn(2)
     assert "AutogradCPU" in dispatcher.keyset_names(dispatcher.tensor_keyset_raw(x))
@@ -98,6 +117,20 @@ def test_key_names_and_operator_objects():
     assert dispatcher.operator_parts(torch.ops.aten.add) == ("aten", "add", None)
     assert dispatcher.operator_parts("aten::add") is None
     assert dispatcher.operator_parts(torch.add) is None
+
+
+def test_refresh_operators_forgets_stale_packets_on_every_torch():
+    lib = torch.library.Library("shim_refresh", "FRAGMENT")
+    try:
+        lib.define("op(Tensor x) -> Tensor")
+        packet = torch.ops.shim_refresh.op
+        assert "op" in vars(torch.ops.shim_refresh)
+        # torch 2.11 has no torch.library._clear_torch_ops_cache: opmagic must not need it
+        dispatcher.refresh_operators(["shim_refresh::op", "shim_refresh::never.made", "nons::x"])
+        assert "op" not in vars(torch.ops.shim_refresh)
+        assert torch.ops.shim_refresh.op is not packet  # made again on next use
+    finally:
+        lib._destroy()
 
 
 def test_python_kernel():

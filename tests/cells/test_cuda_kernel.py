@@ -72,6 +72,25 @@ def test_rerunning_the_cell_replaces_the_kernel_and_retires_the_old_launcher(cel
     assert registrations.count("\nCUDA: registered") == 1, registrations
 
 
+def test_rerunning_replaces_the_kernel_where_torch_refuses_python_overrides(cells, monkeypatch):
+    # torch 2.11's Library.impl refuses a second Python kernel for an op's key by default
+    # (allow_override=False; 2.13 allows it): re-runs failed on the GPU machine's torch
+    impl = torch.library.Library.impl
+
+    def impl_refusing_overrides(self, op_name, fn, dispatch_key="", **kwargs):
+        kwargs.setdefault("allow_override", False)
+        return impl(self, op_name, fn, dispatch_key, **kwargs)
+
+    monkeypatch.setattr(torch.library.Library, "impl", impl_refusing_overrides)
+    cells.run(VADD_OP.replace("ck::vadd", "ck::vadd211"), cell_id="ck-211")
+    edited = VADD_OP.replace("ck::vadd", "ck::vadd211").replace("a[i] + b[i]", "a[i] - b[i]")
+    second = cells.run(edited, cell_id="ck-211").result
+    assert "a[i] - b[i]" in second.kernels.source
+    cells.run(edited)  # another cell defining the same op replaces it too
+    registrations = torch._C._dispatch_dump("ck::vadd211")
+    assert registrations.count("\nCUDA: registered") == 1, registrations
+
+
 def test_a_custom_op_gets_the_cuda_kernel_and_keeps_its_autograd(cells):
     cells.run(
         "%%custom_op ck::scaled\n"

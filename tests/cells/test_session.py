@@ -344,15 +344,28 @@ def test_front_ends_track_handles_per_cell(cells: Cells) -> None:
     cells.fail(track.format(name="three") + "raise ValueError", "c")
     assert Handle.closed == ["one", "three"]  # the failed run's handle; "two" stays open
     cells.run(
-        "previous = opmagic.active_session().superseded_handles()\n"
-        "assert [h.name for h in previous] == ['two']\n"
-        "opmagic.active_session().release(previous[0])\n" + track.format(name="four"),
+        "previous = opmagic.active_session().superseded(Handle, lambda handle: False)\n"
+        "assert previous.name == 'two'\n" + track.format(name="four"),
         "c",
     )
     assert Handle.closed == ["one", "three", "two"]
+    cells.run("assert opmagic.active_session().superseded(Handle, lambda h: True) is None", "d")
     cells.shell.run_line_magic("unload_ext", "opmagic")
     assert Handle.closed == ["one", "three", "two", "four"]
     cells.shell.run_line_magic("load_ext", "opmagic")
+
+
+def test_cells_without_ids_find_what_they_replace_by_what_it_is(cells: Cells) -> None:
+    Handle.closed.clear()
+    cells.ns["Handle"] = Handle
+    cells.run("import opmagic\nopmagic.active_session().track(Handle('a1'))")
+    cells.run("opmagic.active_session().track(Handle('b1'))")
+    cells.run(
+        "found = opmagic.active_session().superseded(Handle, lambda h: h.name[0] == 'a')\n"
+        "assert found.name == 'a1'\n"
+        "assert opmagic.active_session().superseded(Handle, lambda h: h.name == 'c') is None\n"
+        "assert opmagic.active_session().superseded(int, lambda h: True) is None"
+    )
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from opmagic import CallContext, OpmagicError, kernels, resolve
-from opmagic.dispatch.contexts import CONTEXT_ARGUMENTS
 from opmagic.dispatch.ops import op_parameters, op_ref
 
 MUL = torch.ops.aten.mul.Tensor
@@ -93,16 +90,6 @@ def test_vmap_without_tensor_arguments_is_a_clear_error() -> None:
 def test_unknown_autocast_device_is_a_clear_error() -> None:
     with pytest.raises(OpmagicError, match="autocast cannot be turned on for device 'nope'"):
         CallContext(autocast="nope").resolve(MUL, *_pair())
-
-
-def test_from_options_reads_the_shared_command_line_arguments() -> None:
-    parser = argparse.ArgumentParser()
-    for flags, spec in CONTEXT_ARGUMENTS:
-        parser.add_argument(*flags, **spec)
-    options = parser.parse_args(["--no-grad", "--autocast", "cpu", "--vmap", "--logging-mode"])
-    context = CallContext.from_options(options)
-    assert context == CallContext(no_grad=True, autocast="cpu", vmap=True, logging=True)
-    assert context.words() == ["no_grad", "vmap", "autocast cpu", "logging mode"]
 
 
 def test_op_parameters_follow_the_schema() -> None:

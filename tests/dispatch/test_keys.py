@@ -42,28 +42,28 @@ def test_priority_order_is_the_dispatchers():
 
 
 def test_names_and_highest_match_torch_on_random_keysets():
-    cat = catalogue()
+    key_catalogue = catalogue()
     rng = random.Random(0)
     full = dispatcher.full_keyset_raw()
     for _ in range(3000):
         raw = rng.getrandbits(64) & rng.getrandbits(64) & full
-        assert set(cat.names(raw)) == set(dispatcher.keyset_names(raw))
+        assert set(key_catalogue.names(raw)) == set(dispatcher.keyset_names(raw))
         torch_pick = C._dispatch_key_name(
             C.DispatchKeySet.from_raw_repr(raw).highestPriorityTypeId()
         )
-        assert (cat.highest(raw) or "Undefined") == torch_pick
+        assert (key_catalogue.highest(raw) or "Undefined") == torch_pick
 
 
 @pytest.mark.parametrize(
     "name", ["AutogradCPU", "ADInplaceOrView", "Python", "BackendSelect", "Conjugate", "CPU"]
 )
 def test_full_after_and_minus_follow_dispatch_key_set(name):
-    cat = catalogue()
+    key_catalogue = catalogue()
     key = C._parse_dispatch_key(name)
-    assert cat.full_after(name) == C._dispatch_keyset_full_after(key).raw_repr()
+    assert key_catalogue.full_after(name) == C._dispatch_keyset_full_after(key).raw_repr()
     tensor_keys = C._dispatch_keys(torch.randn(2))
     expected = (tensor_keys - C.DispatchKeySet(key)).raw_repr()
-    assert cat.minus(tensor_keys.raw_repr(), C.DispatchKeySet(key).raw_repr()) == expected
+    assert key_catalogue.minus(tensor_keys.raw_repr(), C.DispatchKeySet(key).raw_repr()) == expected
 
 
 def test_per_backend_keys_carry_functionality_and_backend():

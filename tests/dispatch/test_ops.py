@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from opmagic import NotAnOperatorError, UnknownOperatorError
-from opmagic.dispatch.ops import OpRef, op_ref, overloads_of
+from opmagic.dispatch.ops import OpRef, is_operator_name, op_ref, overloads_of
 
 
 @pytest.mark.parametrize(
@@ -90,3 +90,21 @@ def test_index_sees_ops_defined_after_first_lookup():
         lib._destroy()
     with pytest.raises(UnknownOperatorError):
         op_ref("opmagic_test_late::fresh")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("aten::add", True),
+        ("aten::add.Tensor", True),
+        ("my_lib::op_2.out", True),
+        ("aten::add.", False),
+        ("aten:add", False),
+        ("2lib::op", False),
+        ("lib::op.over.load", False),
+        ("torch.add", False),
+        ("", False),
+    ],
+)
+def test_operator_names_follow_the_one_identifier_grammar(text: str, expected: bool) -> None:
+    assert is_operator_name(text) is expected

@@ -10,6 +10,7 @@ import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
+from opmagic import active_session
 from opmagic._torch import dispatcher
 from opmagic.errors import BuildOptionError, CompileError, RegistrationError
 from opmagic.magics.torch_library import TorchLibraryMagics, cell_identity
@@ -29,12 +30,23 @@ def shell(ipython, build_cache) -> Iterator[Any]:
 
 @pytest.fixture
 def magics(shell) -> Iterator[TorchLibraryMagics]:
-    """The shell's %%torch_library instance; what a test's cells loaded is closed after it."""
-    instance = shell.magics_manager.registry["TorchLibraryMagics"]
-    yield instance
-    for library in list(instance.libraries.values()):
-        library.close()
-    instance.libraries.clear()
+    """The shell's %%torch_library instance; what a test's cells loaded is closed after it
+    (by reloading the extension, whose session closes every library it tracks)."""
+    yield shell.magics_manager.registry["TorchLibraryMagics"]
+    shell.run_line_magic("unload_ext", "opmagic")
+    shell.run_line_magic("load_ext", "opmagic")
+
+
+def tracked_libraries() -> list[LoadedLibrary]:
+    """The open libraries the session tracks for its cells, oldest first."""
+    session = active_session()
+    assert session is not None
+    return [
+        tracked.handle
+        for record in session.records()
+        for tracked in record.handles
+        if tracked.is_open and isinstance(tracked.handle, LoadedLibrary)
+    ]
 
 
 def run(shell: Any, line: str, source: str, cell_id: str | None = None) -> Any:
@@ -58,7 +70,7 @@ def test_a_cell_registers_its_ops_and_shows_them_at_cell_lines(shell, magics):
     assert library.where(library.operators[0].line) == f"{library.label}, line 5"  # magic: line 1
     assert f"mg_basic::scale(Tensor x) -> Tensor  {library.label}, line 5" in str(library)
     assert shell.run_cell("torch.ops.mg_basic.scale(torch.ones(1)).item()").result == 2.0
-    assert magics.libraries == {("cell", "mg-basic"): library}
+    assert tracked_libraries() == [library]
 
 
 def test_twenty_edit_and_rerun_cycles_replace_schemas_and_kernels(shell, magics):
@@ -71,7 +83,7 @@ def test_twenty_edit_and_rerun_cycles_replace_schemas_and_kernels(shell, magics)
         assert torch.ops.mg_cycle.step(x).tolist() == [value, value]
         extras = {n for n in dispatcher.all_op_names() if n.startswith("mg_cycle::extra_")}
         assert extras == ({f"mg_cycle::extra_{cycle % 7}"} if cycle % 7 % 3 == 0 else set())
-        assert list(magics.libraries) == [("cell", "mg-cycle")]
+        assert tracked_libraries() == [result.result]
 
 
 def test_a_compile_error_stops_the_run_and_keeps_the_previous_version(shell, magics):
@@ -120,7 +132,7 @@ def test_without_cell_ids_a_cell_is_recognised_by_the_namespace_it_defines(shell
     result = run(shell, "", edited)
     assert result.success, result.error_in_exec
     assert shell.run_cell("torch.ops.mg_noid.scale(torch.ones(1)).item()").result == 1.0
-    assert list(magics.libraries) == [("defines", ("mg_noid",))]
+    assert tracked_libraries() == [result.result]
 
 
 def test_cell_identity_without_a_cell_id():
@@ -156,11 +168,13 @@ def test_bad_options_are_refused_with_the_magic_named(shell, magics):
     assert isinstance(result.error_in_exec, UsageError)
 
 
-def test_close_unregisters_every_cell_and_stops_following_cells(shell):
-    magics = TorchLibraryMagics(shell)
-    magics._remember_cell(type("Info", (), {"cell_id": "mg-close"})())
-    magics.torch_library("", op_source("mg_close"))
+def test_unload_unregisters_every_library_the_cells_loaded(shell):
+    assert run(shell, "", op_source("mg_close"), cell_id="mg-close").success
+    assert run(shell, "", op_source("mg_close2")).success
     assert dispatcher.find_schema("mg_close::scale", "") is not None
-    magics.close()
-    assert dispatcher.find_schema("mg_close::scale", "") is None and magics.libraries == {}
-    assert magics._remember_cell not in shell.events.callbacks["pre_run_cell"]
+    shell.run_line_magic("unload_ext", "opmagic")
+    try:
+        assert dispatcher.find_schema("mg_close::scale", "") is None
+        assert dispatcher.find_schema("mg_close2::scale", "") is None
+    finally:
+        shell.run_line_magic("load_ext", "opmagic")

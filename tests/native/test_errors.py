@@ -1,4 +1,6 @@
-"""Every bad input gives one clear error, and the previous good version stays registered."""
+"""Compile, link, load and toolchain errors: one clear message each, and the previous good
+version stays registered (bad options: test_options.py; registration errors:
+test_registration.py)."""
 
 from __future__ import annotations
 
@@ -11,18 +13,16 @@ import torch
 
 from opmagic import compile_library
 from opmagic.errors import (
-    BuildOptionError,
     CompileError,
     CompilerNotFoundError,
     LoadError,
     MissingHeadersError,
-    RegistrationError,
     ToolchainError,
 )
-from opmagic.native import library as library_module
+from opmagic.native import pipeline
 from opmagic.native.toolchain import find_toolchain
 
-from .sources import MINIMAL_INCLUDES, op_source
+from .sources import op_source
 
 
 def test_a_compile_error_points_at_the_line_and_keeps_the_previous_version(loaded):
@@ -68,49 +68,6 @@ def test_an_unknown_dispatch_key_is_named_with_close_matches(loaded):
 
 
 @pytest.mark.parametrize(
-    ("body", "expected"),
-    [
-        pytest.param(
-            '  m.def("scale(Tensor x) -> Tensor");\n  m.def("scale(Tensor x) -> Tensor");',
-            "with the same name and overload name multiple times",
-            id="duplicate-op",
-        ),
-        pytest.param(
-            '  m.def("scale(Tensor x) -> Tensorr");',
-            "unknown type specifier",
-            id="bad-schema",
-        ),
-    ],
-)
-def test_a_registration_error_names_the_block_and_keeps_the_previous_version(
-    loaded, body, expected
-):
-    good = compile_library(op_source("err_reg"), label="cell [2]", first_line=2, progress=None)
-    loaded.append(good)
-    source = op_source("err_reg").replace('  m.def("scale(Tensor x) -> Tensor");', body)
-    with pytest.raises(RegistrationError) as caught:
-        compile_library(source, replace=good, label="cell [2]", first_line=2, progress=None)
-    message = str(caught.value)
-    assert message.startswith("cell [2], line 5: ")  # the TORCH_LIBRARY block
-    assert expected in message
-    assert "The previous version (cell [2]) is registered again." in message
-    assert caught.value.line == 4
-    assert not good.closed and torch.ops.err_reg.scale(torch.ones(1)).item() == 2.0
-
-
-def test_a_second_library_defining_a_namespace_is_refused_with_both_sites(loaded):
-    first = compile_library(op_source("err_twice"), label="cell [1]", first_line=2, progress=None)
-    loaded.append(first)
-    other = op_source("err_twice", kernel="at::Tensor scale(const at::Tensor& x) { return x; }")
-    with pytest.raises(RegistrationError) as caught:
-        compile_library(other, label="cell [5]", first_line=2, progress=None)
-    message = str(caught.value)
-    assert "Only a single TORCH_LIBRARY can be used to register the namespace err_twice" in message
-    assert "registered at cell [1], line 5" in message and "cell [5], line 5" in message
-    assert torch.ops.err_twice.scale(torch.ones(1)).item() == 2.0
-
-
-@pytest.mark.parametrize(
     ("options", "expected"),
     [
         pytest.param(
@@ -141,29 +98,6 @@ def test_an_undefined_symbol_is_a_load_error_with_the_cpp_name(loaded):
         compile_library(source, progress=None)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "expected"),
-    [
-        pytest.param({"source": "   \n"}, "The source is empty", id="empty"),
-        pytest.param({"name": "my-lib"}, "must be a C identifier", id="name"),
-        pytest.param({"opt_level": 5}, "Unknown optimisation level 5", id="opt-level"),
-        pytest.param({"extra_cflags": ["-O2", 3]}, "extra_cflags must be strings", id="flags"),
-        pytest.param({"first_line": 0}, "first_line must be a positive", id="first-line"),
-        pytest.param({"include_dirs": ["/no/such/dir"]}, "not found: /no/such/dir", id="include"),
-        pytest.param({"extra_cflags": "-O2 -D"}, "ends with -D and no macro", id="define"),
-    ],
-)
-def test_bad_arguments_are_refused_before_building(kwargs, expected):
-    arguments = {"source": op_source("err_args"), "progress": None, **kwargs}
-    with pytest.raises(BuildOptionError, match=expected):
-        compile_library(**arguments)
-
-
-def test_a_source_without_registration_blocks_is_refused(loaded):
-    with pytest.raises(RegistrationError, match="defines no TORCH_LIBRARY"):
-        compile_library(MINIMAL_INCLUDES + "int answer() { return 42; }\n", progress=None)
-
-
 def test_a_missing_compiler_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     with pytest.raises(CompilerNotFoundError, match="apt-get install g\\+\\+"):
@@ -182,7 +116,7 @@ def test_other_platforms_are_refused_with_a_reason(monkeypatch):
 
 def test_missing_python_headers_say_what_to_install(loaded, monkeypatch, tmp_path):
     without_python_h = dataclasses.replace(find_toolchain(), python_include=str(tmp_path))
-    monkeypatch.setattr(library_module, "find_toolchain", lambda: without_python_h)
+    monkeypatch.setattr(pipeline, "find_toolchain", lambda: without_python_h)
     source = "#include <Python.h>\n" + op_source("err_python_h")
     with pytest.raises(MissingHeadersError, match="apt-get install python3-dev"):
         compile_library(source, precompiled_headers=False, progress=None)

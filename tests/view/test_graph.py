@@ -202,7 +202,7 @@ def test_record_syntax_characters_survive(renderer: str) -> None:
     text = 'a{b}|<c> "q" \\ d \\"'
     drawn = graphviz.Digraph()
     drawn.node("n", shape="record", label=graph._record([text, "two"]))
-    drawn.node("m", label=graph._label([text, "<html?>"]), tooltip=graph._plain(text))
+    drawn.node("m", label=graph.dot_label([text, "<html?>"]), tooltip=graph._plain(text))
     facts = svg_facts(render_svg(drawn.source, renderer))
     assert facts.nodes["n"].texts == (text, "two")
     assert facts.nodes["m"].texts == (text, "<html?>")

@@ -4,21 +4,25 @@ The configuration mirrors CUDA's ``<<<grid, block, shared_mem, stream>>>``: grid
 are an int or up to three ints, shared memory a byte count (default 0), the stream a
 ``torch.cuda.Stream``, a raw ``cudaStream_t`` int, or ``None`` for torch's current stream on
 the tensors' device. Tensors are passed as their data pointers (after checking they are on
-that GPU and that their dtype fits the pointer type); Python numbers are converted to each
+that GPU and that their dtype fits the pointer type; a kernel indexes them as flat arrays, so a
+non-contiguous tensor is passed as a contiguous copy to a ``const T*`` parameter and refused by
+any other); Python numbers are converted to each
 parameter's C type, with a range check. The module is loaded on first launch per device,
 through the CUDA driver (``cuda-bindings``), into torch's primary context.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..._torch.cuda import current_raw_stream
 from ...errors import NoGPUError
 from .source import KernelParameter, KernelSignature
 from .toolkit import gpu_unavailable_reason, running_gpu_arch
@@ -166,7 +170,7 @@ class CudaKernel:
                 f"Kernel {self.name} of {self.module.label} was replaced by a newer run of its "
                 "cell: use the new one (the name in your namespace points at it)."
             )
-        reason = gpu_unavailable_reason()
+        reason = _gpu_reason()
         if reason is not None:
             raise NoGPUError(
                 f"Cannot launch kernel {self.name}. {reason} The kernel compiled "
@@ -180,14 +184,22 @@ class CudaKernel:
                 f"Kernel {self.name} takes {len(parameters)} arguments ({names}); got {len(args)}."
             )
         device = _device_of(args)
-        values = [_argument(self.name, p, a, device) for p, a in zip(parameters, args, strict=True)]
-        pointers = (ctypes.c_void_p * max(len(values), 1))(
-            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
-        )
+        copies: list[torch.Tensor] = []  # contiguous copies, alive until the launch is queued
+
+        def contiguous(tensor: torch.Tensor) -> torch.Tensor:
+            with _on_stream(config.stream, device):  # ordered on the launch's stream
+                copies.append(tensor.contiguous())
+            return copies[-1]
+
+        values = [
+            _argument(self.name, p, a, device, contiguous)
+            for p, a in zip(parameters, args, strict=True)
+        ]
+        pointers = (ctypes.c_void_p * max(len(values), 1))(*map(ctypes.addressof, values))
         function = self._function(device)
         stream = config.stream
         if stream is None:
-            stream = torch.cuda.current_stream(device).cuda_stream
+            stream = current_raw_stream(device)
         elif isinstance(stream, torch.cuda.Stream):
             stream = stream.cuda_stream
         driver = _driver()
@@ -270,8 +282,32 @@ def _device_of(args: Sequence[Any]) -> int:
     return torch.cuda.current_device()
 
 
-def _argument(kernel: str, parameter: KernelParameter, value: Any, device: int) -> Any:
-    """A Python argument as the ctypes value of its C parameter."""
+def _on_stream(stream: Any, device: int) -> Any:
+    """A context making a launch's stream (``None``: the current one) torch's current stream."""
+    if stream is None:
+        return contextlib.nullcontext()
+    if not isinstance(stream, torch.cuda.Stream):
+        stream = torch.cuda.ExternalStream(int(stream), device=device)
+    return torch.cuda.stream(stream)
+
+
+def reads_only(parameter: KernelParameter) -> bool:
+    """Whether a kernel cannot write through a pointer parameter (``const T*``)."""
+    pointee = parameter.type.split("*", 1)[0]
+    return parameter.type.count("*") == 1 and "const" in pointee.split()
+
+
+def _argument(
+    kernel: str,
+    parameter: KernelParameter,
+    value: Any,
+    device: int,
+    contiguous: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.contiguous,
+) -> Any:
+    """A Python argument as the ctypes value of its C parameter.
+
+    ``contiguous`` copies a non-contiguous tensor that a ``const T*`` parameter takes.
+    """
     where = f"kernel {kernel}, argument {parameter.name} ({parameter.type})"
     if parameter.pointer:
         if value is None:
@@ -291,6 +327,11 @@ def _argument(kernel: str, parameter: KernelParameter, value: Any, device: int) 
                 f"{where}: the tensor is {value.dtype}; a {parameter.base}* reads "
                 f"{' or '.join(str(d) for d in allowed)}. Convert it (tensor.to({allowed[0]}))."
             )
+        if not value.is_contiguous():
+            problem = non_contiguous_problem(parameter, value)
+            if problem is not None:
+                raise ValueError(f"{where}: {problem}")
+            value = contiguous(value)
         return ctypes.c_void_p(value.data_ptr())
     ctype, integral = _SCALARS[parameter.base]
     if isinstance(value, torch.Tensor) or not isinstance(value, (int, float, bool)):
@@ -310,11 +351,48 @@ def _argument(kernel: str, parameter: KernelParameter, value: Any, device: int) 
     return ctype(float(value))
 
 
+def non_contiguous_problem(parameter: KernelParameter, tensor: torch.Tensor) -> str | None:
+    """Why a non-contiguous tensor cannot be passed to a pointer parameter, or ``None`` when a
+    contiguous copy can stand in for it (the kernel cannot write through the pointer).
+
+    A kernel indexes a pointer's memory as one flat array: a transposed, sliced or expanded
+    tensor (autograd's gradient of ``sum()`` is one) would be read in the wrong order, or past
+    its memory.
+    """
+    if reads_only(parameter):
+        return None
+    return (
+        f"the tensor is not contiguous (shape {tuple(tensor.shape)}, strides "
+        f"{tuple(tensor.stride())}), and the kernel indexes its memory as one flat array and "
+        "may write through this pointer. Pass a contiguous tensor (tensor.contiguous(), copying "
+        "the result back if it must land in this one), or declare the parameter const if the "
+        "kernel only reads it (the launcher then passes a contiguous copy)."
+    )
+
+
+_DRIVER: Any = None
+_GPU_READY = False  # a GPU ran kernels here: it stays usable for the life of the process
+
+
 def _driver() -> Any:
     """``cuda.bindings.driver`` (its import is deferred until a kernel launches)."""
-    from cuda.bindings import driver
+    global _DRIVER
+    if _DRIVER is None:
+        from cuda.bindings import driver
 
-    return driver
+        _DRIVER = driver
+    return _DRIVER
+
+
+def _gpu_reason() -> str | None:
+    """:func:`gpu_unavailable_reason`, asked until it is ``None`` (each launch asked it: a few
+    microseconds of the ~30 a launch took on an H100)."""
+    global _GPU_READY
+    if _GPU_READY:
+        return None
+    reason = gpu_unavailable_reason()
+    _GPU_READY = reason is None
+    return reason
 
 
 def _check(returned: tuple, describe: Any) -> Any:

@@ -37,12 +37,11 @@ from ..cache import BuildCache
 from ..compiler import StepResult, run_step
 from ..diagnostics import parse_diagnostics
 from ..headers import prepare_prefix
-from ..library import (
-    DEFAULT_OPT_LEVEL,
+from ..library import LoadedLibrary, load_library
+from ..options import DEFAULT_OPT_LEVEL, BuildOptions
+from ..pipeline import (
     BuildInfo,
-    LoadedLibrary,
-    _BuildRequest,
-    compile_and_load,
+    BuildRequest,
     compile_env,
     compile_error,
     compile_unit,
@@ -98,23 +97,20 @@ class CudaBuild:
 
     def build(
         self,
-        request: _BuildRequest,
+        request: BuildRequest,
         toolchain: Toolchain,
         cache: BuildCache,
         scratch: Path,
         stopwatch: Stopwatch,
-        label: str,
-        first_line: int,
-        retry_headers: bool,
     ) -> BuildInfo:
         """Build ``request`` in ``scratch``: split (g++ and nvcc) or whole (nvcc)."""
-        source_name = f"{request.name}.cu"
-        (scratch / source_name).write_text(request.source)  # as written: the registration site
-        split = split_source(request.source)
+        source = request.options.source
+        (scratch / f"{request.options.name}.cu").write_text(source)  # the registration site
+        split = split_source(source)
         reason = "asked for (whole=True)" if self.whole else split.whole_reason
-        context = _Context(self, request, toolchain, cache, scratch, stopwatch, label, first_line)
+        context = _Context(self, request, toolchain, cache, scratch, stopwatch)
         if reason is None:
-            return context.split(split, retry_headers)
+            return context.split(split)
         return context.whole(f"compiled as one nvcc translation unit: {reason}")
 
     def arch_define(self) -> str:
@@ -141,17 +137,15 @@ class _Context:
     """One CUDA build in progress (what every step needs)."""
 
     cuda: CudaBuild
-    request: _BuildRequest
+    request: BuildRequest
     toolchain: Toolchain
     cache: BuildCache
     scratch: Path
     stopwatch: Stopwatch
-    label: str
-    first_line: int
 
-    def split(self, split: SplitSource, retry_headers: bool) -> BuildInfo:
+    def split(self, split: SplitSource) -> BuildInfo:
         """Host code by g++ (precompiled torch headers), device code by nvcc, then link."""
-        name = self.request.name
+        name = self.request.options.name
         host = compile_unit(
             self.request,
             self.toolchain,
@@ -160,7 +154,6 @@ class _Context:
             self.stopwatch,
             source_text=split.host,
             source_name=f"{name}.host.cpp",
-            retry_headers=retry_headers,
             extra_flags=self.cuda.host_flags(),
             extra_includes=[str(LAUNCH_HEADER)],
             step="compiling host code (g++)",
@@ -210,29 +203,25 @@ class _Context:
         )
         if linked.returncode != 0:
             raise compile_error(
-                self.request,
-                self.toolchain,
-                linked,
-                f"{self.request.name}.cu",
-                self.label,
-                self.first_line,
+                self.request, self.toolchain, linked, f"{self.request.options.name}.cu"
             )
         return linked
 
     def whole(self, note: str) -> BuildInfo:
         """The cell as one nvcc translation unit (launches rewritten), then link."""
-        name = self.request.name
+        options = self.request.options
+        name = options.name
         prefix = prepare_prefix(
-            self.request.source,
+            options.source,
             self.toolchain,
             self.request.flags,
-            self.request.defines,
+            options.defines,
             self.cache,
             self.stopwatch,
             precompile=False,
             retry_failed=False,
         )
-        source = rewrite_launches(self.request.source)
+        source = rewrite_launches(options.source)
         compiled = self.nvcc(
             source,
             f"{name}.whole.cu",
@@ -269,7 +258,7 @@ class _Context:
         torch_flags: Sequence[str] = (),
     ) -> StepResult:
         """Compile ``source`` with nvcc; raises :class:`CompileError` at the cell's lines."""
-        request, toolchain = self.request, self.toolchain
+        options, toolchain = self.request.options, self.toolchain
         (self.scratch / source_name).write_text(source)
         stem = source_name.rsplit(".", 1)[0]
         host_options = ["-fPIC", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
@@ -285,8 +274,8 @@ class _Context:
             *TORCH_NVCC_FLAGS,
             *(f for d in toolchain.torch_includes for f in ("-isystem", d)),
             *torch_flags,
-            *(f"-I{d}" for d in request.include_dirs),
-            *request.defines,
+            *(f"-I{d}" for d in options.include_dirs),
+            *options.defines,
             self.cuda.arch_define(),
             "-include",
             str(LAUNCH_HEADER),
@@ -304,7 +293,7 @@ class _Context:
         env = compile_env(toolchain, self.cache)
         step = run_step(command, cwd=self.scratch, stopwatch=self.stopwatch, env=env)
         if step.returncode != 0:
-            raise compile_error(request, toolchain, step, source_name, self.label, self.first_line)
+            raise compile_error(self.request, toolchain, step, source_name)
         return step
 
     def launched_kernels(self, object_name: str) -> list[tuple[str, str]]:
@@ -352,9 +341,7 @@ class _Context:
             or os.path.basename(missing).startswith(_CUDA_LIBRARY_HEADERS)
         ):
             return MissingHeadersError(_missing_cuda_headers(missing, self.cuda.archs))
-        return compile_error(
-            self.request, self.toolchain, step, source_name, self.label, self.first_line
-        )
+        return compile_error(self.request, self.toolchain, step, source_name)
 
 
 def _missing_cuda_headers(header: str, archs: Sequence[str]) -> str:
@@ -411,32 +398,26 @@ def compile_cuda_library(
     """
     toolkit = find_cuda_toolkit()
     archs = parse_archs(arch)
-    cuda = CudaBuild(
-        toolkit,
-        archs,
-        bool(whole),
-        tuple(nvcc_flags.split() if isinstance(nvcc_flags, str) else nvcc_flags),
-        str(opt_level).removeprefix("-O"),
-    )
-    if not all(isinstance(f, str) for f in cuda.nvcc_flags):
+    nvcc = tuple(nvcc_flags.split() if isinstance(nvcc_flags, str) else nvcc_flags)
+    if not all(isinstance(f, str) for f in nvcc):
         raise BuildOptionError(f"nvcc_flags must be strings, got {nvcc_flags!r}.")
+    options = BuildOptions.create(
+        source,
+        cuda=True,
+        name=name,
+        extra_cflags=extra_cflags,
+        extra_ldflags=extra_ldflags,
+        include_dirs=include_dirs,
+        opt_level=opt_level,
+        precompiled_headers=precompiled_headers,
+        force=force,
+        verbose=verbose,
+        label=label,
+        first_line=first_line,
+    )
+    cuda = CudaBuild(toolkit, archs, bool(whole), nvcc, options.opt_level)
     try:
-        return compile_and_load(
-            source,
-            name=name,
-            extra_cflags=extra_cflags,
-            extra_ldflags=extra_ldflags,
-            include_dirs=include_dirs,
-            opt_level=opt_level,
-            precompiled_headers=precompiled_headers,
-            force=force,
-            verbose=verbose,
-            replace=replace,
-            label=label,
-            first_line=first_line,
-            progress=progress,
-            cuda=cuda,
-        )
+        return load_library(options, replace=replace, progress=progress, cuda=cuda)
     except LoadError as error:
         if torch.version.cuda is None and "::cuda::" in str(error):
             raise LoadError(

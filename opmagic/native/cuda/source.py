@@ -1,10 +1,10 @@
 """Reading a cell of CUDA C++ without a compiler: its kernels, its launches, its two halves.
 
-A lexical scanner (comments, strings and preprocessor lines understood; no semantic analysis)
-finds the cell's top-level declarations, namespace blocks included, and tells what each one
-is: a ``__global__`` kernel, device-only code (``__device__``, ``__constant__``), code for both
-sides (``__host__ __device__``, types, constants), or host code (functions, ``TORCH_LIBRARY``
-blocks). From that:
+A scanner over the cell's tokens (:mod:`opmagic.native.tokens`: comments, strings and
+preprocessor lines understood; no semantic analysis) finds the cell's top-level declarations,
+namespace blocks included, and tells what each one is: a ``__global__`` kernel, device-only
+code (``__device__``, ``__constant__``), code for both sides (``__host__ __device__``, types,
+constants), or host code (functions, ``TORCH_LIBRARY`` blocks). From that:
 
 - :func:`kernel_signatures`: the kernels' names and parameters (the NVRTC quick path binds a
   launcher per ``extern "C"`` kernel and converts Python arguments to the parameters' types);
@@ -21,21 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-_TOKEN = re.compile(
-    r"""
-    (?P<space>\s+)
-  | (?P<comment>//[^\n]*|/\*.*?\*/)
-  | (?P<raw>R"(?P<delim>[^()\\\s]{0,16})\(.*?\)(?P=delim)")
-  | (?P<string>(?:u8|[uUL])?"(?:\\.|[^"\\\n])*")
-  | (?P<char>(?:u8|[uUL])?'(?:\\.|[^'\\\n])*')
-  | (?P<id>[A-Za-z_]\w*)
-  | (?P<number>\.?\d(?:[eEpP][+-]|[\w.'])*)
-  | (?P<launch><<<|>>>)
-  | (?P<punct>::|->|.)
-    """,
-    re.S | re.X,
-)
-_DIRECTIVE = re.compile(r"#(?:[^\n\\]|\\.)*", re.S)
+from ..tokens import Token, tokenize
+
 _INCLUDE = re.compile(r'#\s*include\s*[<"]([^>"]+)[>"]')
 
 # Headers of torch's host API: left out of the device code, which nvcc then reads in a second
@@ -49,19 +36,7 @@ _ATTRIBUTE_CALLS = frozenset(
     {"__launch_bounds__", "__attribute__", "alignas", "__declspec", "__align__", "__maxnreg__"}
 )
 _TYPE_KEYWORDS = frozenset({"struct", "class", "union", "enum", "typedef", "using"})
-_REGISTRATION_MACROS = frozenset({"TORCH_LIBRARY", "TORCH_LIBRARY_FRAGMENT", "TORCH_LIBRARY_IMPL"})
 _DEVICE_STORAGE = frozenset({"__constant__", "__shared__", "__managed__"})
-
-
-@dataclass(frozen=True)
-class Token:
-    """One token of the source: its kind, text, offsets and line."""
-
-    kind: str  # "id", "number", "string", "char", "punct", "launch", "directive"
-    text: str
-    start: int
-    end: int
-    line: int
 
 
 @dataclass
@@ -181,32 +156,6 @@ class Item:
         """``ns::name`` of the declared function."""
         name = self.name
         return None if name is None else "::".join([*self.namespaces, name])
-
-
-def tokenize(source: str) -> list[Token]:
-    """The tokens of ``source``: comments dropped, each preprocessor directive one token."""
-    tokens: list[Token] = []
-    position, line = 0, 1
-    while position < len(source):
-        if source[position] == "#" and _only_blanks_before(source, position):
-            end = _DIRECTIVE.match(source, position).end()
-            tokens.append(Token("directive", source[position:end], position, end, line))
-        else:
-            match = _TOKEN.match(source, position)
-            assert match is not None  # "." matches any character
-            kind = "string" if match.lastgroup in ("raw", "delim") else match.lastgroup
-            end = match.end()
-            if kind not in ("space", "comment"):
-                tokens.append(Token(kind, match.group(), position, end, line))
-        line += source.count("\n", position, end)
-        position = end
-    return tokens
-
-
-def _only_blanks_before(source: str, position: int) -> bool:
-    """Whether only spaces and tabs precede ``position`` on its line (where directives start)."""
-    line_start = source.rfind("\n", 0, position) + 1
-    return not source[line_start:position].strip(" \t")
 
 
 def scan(source: str) -> list[Item]:
@@ -622,11 +571,3 @@ def _blank(chars: list[str], start: int, end: int) -> None:
         if chars[position] != "\n":
             chars[position] = " "
 
-
-def has_registration_blocks(source: str) -> bool:
-    """Whether the source has ``TORCH_LIBRARY``/``_FRAGMENT``/``_IMPL`` blocks (the full path)."""
-    return any(
-        t.kind == "id"
-        and t.text in ("TORCH_LIBRARY", "TORCH_LIBRARY_FRAGMENT", "TORCH_LIBRARY_IMPL")
-        for t in tokenize(source)
-    )

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from opmagic.native import compile_cuda_kernels, compile_cuda_library
+from opmagic.native.cuda import launcher
 from opmagic.native.cuda.toolkit import gpu_unavailable_reason, running_gpu_arch
 
 from ..sources import VADD
@@ -131,6 +132,33 @@ def test_quick_path_launchers_match_torch():
     kernels.vadd[20, 256, 0, stream](a, b, out, 5000)
     stream.synchronize()
     torch.testing.assert_close(out, a + b)
+    with torch.cuda.stream(stream):  # a launch without a stream takes torch's current one
+        assert launcher._current_raw_stream(0) == stream.cuda_stream
+        out.zero_()
+        kernels.vadd[20, 256](a, b, out, 5000)
+    stream.synchronize()
+    torch.testing.assert_close(out, a + b)
+    assert launcher._current_raw_stream(0) == torch.cuda.current_stream().cuda_stream
+
+
+def test_non_contiguous_tensors_are_copied_for_const_pointers_and_refused_otherwise():
+    vadd = compile_cuda_kernels(VADD).vadd  # (const float* a, const float* b, float* out, n)
+    a = torch.randn(64, 32, device="cuda").t()  # transposed: read in memory order, it is wrong
+    b = torch.randn(32, 64, device="cuda")
+    grad = torch.ones((), device="cuda").expand(32, 64)  # one element in memory
+    out = torch.empty(32, 64, device="cuda")
+    vadd[8, 256](a, grad, out, 2048)
+    torch.testing.assert_close(out, a + 1)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    for launch_stream in (stream, stream.cuda_stream):  # the copies are made on that stream
+        out = torch.zeros(32, 64, device="cuda")
+        stream.wait_stream(torch.cuda.current_stream())
+        vadd[8, 256, 0, launch_stream](a, b, out, 2048)
+        stream.synchronize()
+        torch.testing.assert_close(out, a + b)
+    with pytest.raises(ValueError, match=r"argument out \(float \*\): the tensor is not contig"):
+        vadd[8, 256](b, b, torch.empty(64, 32, device="cuda").t(), 2048)
 
 
 def test_shared_memory_half_scalars_and_2d_grids():

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import textwrap
 
+from opmagic.native.blocks import scan_blocks
 from opmagic.native.cuda.source import (
     find_launches,
-    has_registration_blocks,
     kernel_signatures,
     rewrite_launches,
     split_source,
-    tokenize,
 )
+from opmagic.native.tokens import tokenize
 
 EXTENSION_CU = textwrap.dedent(
     """\
@@ -139,5 +139,5 @@ def test_cells_the_split_cannot_handle_say_why():
 
 
 def test_registration_blocks_choose_the_full_path():
-    assert has_registration_blocks(EXTENSION_CU)
-    assert not has_registration_blocks('extern "C" __global__ void k() {}\n// TORCH_LIBRARY\n')
+    assert scan_blocks(EXTENSION_CU)
+    assert not scan_blocks('extern "C" __global__ void k() {}\n// TORCH_LIBRARY\n')

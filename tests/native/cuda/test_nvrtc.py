@@ -141,3 +141,19 @@ def test_pointer_arguments_must_be_tensors_on_the_launch_device():
         launcher._argument("k", pointer, torch.ones(2), 0)
     with pytest.raises(TypeError, match="pass a CUDA tensor"):
         launcher._argument("k", pointer, [1.0], 0)
+
+
+def test_a_non_contiguous_tensor_is_copied_for_a_const_pointer_and_refused_otherwise():
+    # autograd's gradient of sum() is an expanded tensor (one element in memory): passed as
+    # its data pointer, the GPU machine's kernel read past it
+    const = KernelParameter("x", "const float* __restrict__", "float", True)
+    written = KernelParameter("out", "float *", "float", True)
+    assert launcher.reads_only(const)
+    assert launcher.reads_only(KernelParameter("x", "float const *", "float", True))
+    assert not launcher.reads_only(written)
+    assert not launcher.reads_only(KernelParameter("x", "float * const", "float", True))
+    assert not launcher.reads_only(KernelParameter("x", "const float **", "float", True))
+    assert launcher.non_contiguous_problem(const, torch.ones(()).expand(1000)) is None
+    problem = launcher.non_contiguous_problem(written, torch.ones(3, 4).t())
+    assert "not contiguous (shape (4, 3), strides (1, 4))" in problem
+    assert "declare the parameter const" in problem

@@ -1,0 +1,84 @@
+"""What ``resolve`` returns: the path of kernels a call takes, and why each one is on it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ...display import Displayable
+from ..table import TableEntry
+
+if TYPE_CHECKING:
+    from ...view.graph import Diagram
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A key the call's keyset had that the dispatcher passed over, and why."""
+
+    key: str
+    reason: str  # "excluded" | "fallthrough" | "masked"
+    detail: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel on the path: the key, the table entry that served it, and what it does."""
+
+    key: str
+    entry: TableEntry
+    via: str  # "dispatch" | "redispatch" | "call" (the previous kernel called the op again)
+    origin: str  # what put the key in the keyset (arguments, TLS include, a kernel)
+    skipped: tuple[Skip, ...]  # keys of the keyset passed over just before this one
+    action: str  # "ends" | "redispatch" | "call" | "python" | "error"
+    note: str  # what the kernel does next, in one line
+    assumed: bool = False  # reached only if a Python handler calls the op again, as usual
+
+
+@dataclass(frozen=True)
+class DispatchInput:
+    """One argument the dispatcher reads keys from."""
+
+    name: str
+    description: str
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Resolution(Displayable):
+    """The predicted dispatch of one call: the path of runtime keys and why each is there."""
+
+    op: str
+    schema: str
+    steps: tuple[Step, ...]
+    error: str | None
+    inputs: tuple[DispatchInput, ...]
+    context: tuple[str, ...]  # the thread-local state that matters, in words
+    tls_included: tuple[str, ...]
+    tls_excluded: tuple[str, ...]
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        """Runtime keys whose kernels run, in order (the first is the resolved key).
+
+        A fallback that runs and raises (the Meta fallback) is on the path; a key with no
+        kernel at all, where dispatch fails, is not.
+        """
+        return tuple(
+            step.key for step in self.steps if step.entry.kind not in ("missing", "ambiguous")
+        )
+
+    @property
+    def key(self) -> str | None:
+        """The key resolved for the inputs (``path[0]``), or ``None``."""
+        return self.path[0] if self.path else None
+
+    @property
+    def python(self) -> str | None:
+        """Where the path hands over to Python code that opmagic does not follow, if it does."""
+        last = self.steps[-1] if self.steps else None
+        return last.note if last is not None and last.action == "python" else None
+
+    def diagram(self, show_all: bool = False) -> Diagram:
+        """The path as a Graphviz diagram; ``show_all`` draws the op's whole table around it."""
+        return self.view("diagram", show_all=show_all)

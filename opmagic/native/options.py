@@ -1,0 +1,148 @@
+"""What to build and how: the arguments of ``compile_library`` (and of the CUDA full path),
+checked and normalised once, before anything is built.
+
+:class:`BuildOptions` is the one place the options are spelled out below the public
+functions: they keep their keyword signatures for users, make a :class:`BuildOptions`, and
+pass it down the pipeline.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..dispatch.ops import is_identifier
+from ..errors import BuildOptionError
+from .blocks import scan_blocks
+
+OPT_LEVELS = ("0", "1", "2", "3", "s", "g")
+DEFAULT_OPT_LEVEL = "1"  # builds ~25% faster than -O2; ask for 2 or 3 to time kernels
+DEFAULT_NAME = "opmagic_library"
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """A source and the options it is built with, checked (see :meth:`create`)."""
+
+    source: str  # trailing blank lines dropped: they do not make another build
+    name: str  # the library is lib<name>.so
+    label: str  # how messages name the source: "cell [3]", "myops.cpp"
+    first_line: int  # the number the source's first line has where the user sees it
+    cflags: tuple[str, ...]  # the user's compiler flags but -D/-U
+    defines: tuple[str, ...]  # the user's -D/-U flags ("-D X" as "-DX")
+    ldflags: tuple[str, ...]
+    include_dirs: tuple[str, ...]  # absolute paths of existing directories
+    opt_level: str  # one of OPT_LEVELS
+    precompiled_headers: bool
+    force: bool  # rebuild even if the cache has a build
+    verbose: bool  # print the commands and the compiler's output
+
+    @classmethod
+    def create(
+        cls,
+        source: str,
+        *,
+        cuda: bool,
+        name: str | None,
+        extra_cflags: Sequence[str] | str,
+        extra_ldflags: Sequence[str] | str,
+        include_dirs: Sequence[str | os.PathLike],
+        opt_level: int | str,
+        precompiled_headers: bool,
+        force: bool,
+        verbose: bool,
+        label: str | None,
+        first_line: int,
+    ) -> BuildOptions:
+        """The options of ``compile_library`` (``cuda``: of ``compile_cuda_library``), checked.
+
+        Raises :class:`~opmagic.errors.BuildOptionError` for the first bad one.
+        """
+        if not isinstance(source, str) or not source.strip():
+            raise BuildOptionError(
+                f"The source is empty: write {'CUDA ' if cuda else ''}C++ with TORCH_LIBRARY / "
+                "TORCH_LIBRARY_IMPL blocks."
+            )
+        source = source.rstrip() + "\n"
+        name = _library_name(name, source)
+        cflags, defines = _split_defines(_flag_list(extra_cflags, "extra_cflags"))
+        ldflags = _flag_list(extra_ldflags, "extra_ldflags")
+        includes = tuple(str(Path(d).expanduser().absolute()) for d in include_dirs)
+        missing = [d for d in includes if not os.path.isdir(d)]
+        if missing:
+            raise BuildOptionError(f"Include directory not found: {', '.join(missing)}.")
+        opt = _opt_level(opt_level)
+        if not isinstance(first_line, int) or first_line < 1:
+            raise BuildOptionError(
+                f"first_line must be a positive line number, got {first_line!r}."
+            )
+        return cls(
+            source=source,
+            name=name,
+            label=label or f"{name}.{'cu' if cuda else 'cpp'}",
+            first_line=first_line,
+            cflags=cflags,
+            defines=defines,
+            ldflags=ldflags,
+            include_dirs=includes,
+            opt_level=opt,
+            precompiled_headers=precompiled_headers,
+            force=force,
+            verbose=verbose,
+        )
+
+
+def _library_name(name: str | None, source: str) -> str:
+    """``name`` checked, or the first namespace of the source's blocks."""
+    if name is None:
+        first = next((b.namespace for b in scan_blocks(source) if is_identifier(b.namespace)), "_")
+        return first if first != "_" else DEFAULT_NAME
+    if not is_identifier(name):
+        raise BuildOptionError(
+            f"The library name must be a C identifier (letters, digits, _), got {name!r}."
+        )
+    return name
+
+
+def _flag_list(flags: Sequence[str] | str, what: str) -> tuple[str, ...]:
+    """Flags as a tuple; one string is split like a shell would."""
+    if isinstance(flags, str):
+        return tuple(shlex.split(flags))
+    flags = tuple(flags)
+    if not all(isinstance(f, str) for f in flags):
+        raise BuildOptionError(f"{what} must be strings (compiler flags), got {flags!r}.")
+    return flags
+
+
+def _split_defines(flags: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(other flags, -D/-U flags)``; ``-D X`` becomes ``-DX``."""
+    others: list[str] = []
+    defines: list[str] = []
+    pending: str | None = None
+    for flag in flags:
+        if pending is not None:
+            defines.append(pending + flag)
+            pending = None
+        elif flag in ("-D", "-U"):
+            pending = flag
+        elif flag.startswith(("-D", "-U")):
+            defines.append(flag)
+        else:
+            others.append(flag)
+    if pending is not None:
+        raise BuildOptionError(f"extra_cflags ends with {pending} and no macro after it.")
+    return tuple(others), tuple(defines)
+
+
+def _opt_level(level: int | str) -> str:
+    """``"2"`` for ``2``, ``"2"`` or ``"-O2"``; raises for levels GCC does not have."""
+    text = str(level).removeprefix("-O")
+    if text not in OPT_LEVELS:
+        raise BuildOptionError(
+            f"Unknown optimisation level {level!r}: use one of {', '.join(OPT_LEVELS)} "
+            "(as in -O0 ... -O3, -Os, -Og)."
+        )
+    return text

@@ -1,0 +1,447 @@
+"""The build pipeline: a :class:`BuildOptions` in, the published build of its cache key out.
+
+Steps: the cache key (source, flags, compiler, torch, preamble; for CUDA the toolkit and
+architectures); under the key's lock, the build already published for it (unless a user
+header changed since, or ``force``), or a new one: compile the unit after the precompiled
+torch prefix header, link, record ``build.json``, and publish the directory atomically.
+The CUDA full path (:mod:`opmagic.native.cuda.library`) builds with its own steps from the
+pieces here (:func:`compile_unit`, :func:`link`, :func:`publish`, :func:`compile_error`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import CompileError, MissingHeadersError
+from .cache import BuildCache, digest, write_atomic
+from .compiler import StepResult, run_step
+from .diagnostics import failure_text, first_error, parse_diagnostics
+from .headers import PREAMBLE, Prefix, macro_name, prepare_prefix, record_macro
+from .options import BuildOptions
+from .progress import ProgressCallback, Stopwatch
+from .toolchain import INSTALL_PYTHON_HEADERS, Toolchain, find_toolchain
+
+if TYPE_CHECKING:
+    from .cuda.library import CudaBuild
+
+_MISSING_PYTHON_H = re.compile(r"\bPython\.h: No such file or directory")
+_PCH_REJECTED = re.compile(r"\.gch: not used because (.*?) \[-Winvalid-pch\]")
+_QUOTED_NAME = re.compile(r"`(\w+)'")
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """How a library was obtained: from the cache, or built now and what that took."""
+
+    cached: bool
+    directory: Path  # the published build: lib<name>.so, <name>.cpp, build.json
+    header_set: str | None  # the precompiled torch header set used ("core", "all", ...)
+    precompiled: bool  # whether a precompiled header was used
+    headers_seconds: float  # spent precompiling headers in this call (0 when reused)
+    compile_seconds: float
+    link_seconds: float
+    seconds: float  # the whole build step of this call: waiting, headers, compile, link
+    commands: tuple[str, ...]  # compile and link commands
+    log: str  # compiler and linker output (warnings)
+    note: str = ""  # why precompiled headers were not used, when they were not
+    source_name: str = ""  # the source as written, in ``directory``: the registration site
+    cuda_mode: str = ""  # CUDA builds: "split" (nvcc and g++) or "whole" (nvcc alone)
+    archs: tuple[str, ...] = ()  # CUDA builds: the GPU architectures compiled for
+    device_seconds: float = 0.0  # CUDA builds: what nvcc took
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything that decides what a build produces (all of it is in ``key``)."""
+
+    options: BuildOptions
+    key: str
+    flags: list[str]  # the toolchain's compile flags and the user's, but the user's -D/-U
+    link_flags: list[str]
+    cuda: CudaBuild | None = None  # a CUDA full-path build: its own steps (cuda/library.py)
+
+    @classmethod
+    def create(
+        cls, options: BuildOptions, toolchain: Toolchain, cuda: CudaBuild | None
+    ) -> BuildRequest:
+        """The request to build ``options`` with ``toolchain`` (and ``cuda``), and its key."""
+        flags = toolchain.compile_flags(options.opt_level, options.cflags)
+        link_flags = toolchain.link_flags(options.ldflags)
+        key = digest(
+            {
+                "source": options.source,
+                "name": options.name,
+                "flags": flags,
+                "defines": options.defines,
+                "include_dirs": options.include_dirs,
+                "link_flags": link_flags,
+                "preamble": PREAMBLE,
+                "precompiled_headers": options.precompiled_headers,
+                **toolchain.identity(),
+                **(cuda.identity() if cuda is not None else {}),
+            }
+        )
+        return cls(options, key, flags, link_flags, cuda)
+
+
+# How a request is built in a scratch directory: (request, toolchain, cache, scratch, stopwatch)
+BuildSteps = Callable[[BuildRequest, Toolchain, BuildCache, Path, Stopwatch], BuildInfo]
+
+
+def published_build(
+    options: BuildOptions, cuda: CudaBuild | None, progress: ProgressCallback | None
+) -> tuple[BuildRequest, BuildInfo]:
+    """The published build of ``options`` (with ``cuda``: a CUDA full-path build): from the
+    cache, or built and published now under its key's lock."""
+    toolchain = find_toolchain()
+    cache = BuildCache()
+    request = BuildRequest.create(options, toolchain, cuda)
+    return request, _cached_or_built(request, toolchain, cache, progress)
+
+
+def _cached_or_built(
+    request: BuildRequest,
+    toolchain: Toolchain,
+    cache: BuildCache,
+    progress: ProgressCallback | None,
+) -> BuildInfo:
+    """The published build of ``request.key``: from the cache, or built and published now."""
+    force, verbose = request.options.force, request.options.verbose
+    stopwatch = Stopwatch(f"lib{request.options.name}.so", progress)
+    directory = cache.lib_dir(request.key)
+    waited = False
+
+    def on_wait(pid: str) -> None:
+        """Report waiting for the process that builds the same key."""
+        nonlocal waited
+        waited = True
+        stopwatch.report(f"waiting for pid {pid}, which builds the same source")
+
+    with cache.locked(request.key, on_wait):
+        recorded = None if force else _recorded_build(directory)
+        if recorded is not None:
+            if waited:
+                stopwatch.finish()
+            if verbose:
+                _print_verbose(f"opmagic: cached build {directory}", recorded.commands, "")
+            return recorded
+        scratch = cache.scratch_dir(request.key)
+        try:
+            steps: BuildSteps = request.cuda.build if request.cuda is not None else _build
+            built = steps(request, toolchain, cache, scratch, stopwatch)
+            if directory.exists():  # a forced rebuild, or one because a user header changed
+                shutil.rmtree(directory)
+            os.rename(scratch, directory)  # atomic: readers see no build or a whole one
+        except BaseException:
+            stopwatch.finish(failed=True)
+            raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    stopwatch.finish()
+    if verbose:
+        _print_verbose(f"opmagic: built {directory}", built.commands, built.log)
+    return dataclasses.replace(built, directory=directory)
+
+
+def _recorded_build(directory: Path) -> BuildInfo | None:
+    """The published build in ``directory``, unless missing or a user header changed since."""
+    try:
+        record = json.loads((directory / "build.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if os.stat(directory).st_uid != os.getuid() or "source_name" not in record:
+        return None  # someone else's, or recorded by an opmagic that did not name the source
+    for path, size, mtime_ns in record["user_headers"]:
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        if (info.st_size, info.st_mtime_ns) != (size, mtime_ns):
+            return None
+    return BuildInfo(
+        cached=True,
+        directory=directory,
+        header_set=record["header_set"],
+        precompiled=record["precompiled"],
+        headers_seconds=0.0,
+        compile_seconds=0.0,
+        link_seconds=0.0,
+        seconds=0.0,
+        commands=tuple(record["commands"]),
+        log=record["log"],
+        note=record["note"],
+        source_name=record["source_name"],
+        cuda_mode=record.get("cuda_mode", ""),
+        archs=tuple(record.get("archs", ())),
+    )
+
+
+def _build(
+    request: BuildRequest,
+    toolchain: Toolchain,
+    cache: BuildCache,
+    scratch: Path,
+    stopwatch: Stopwatch,
+) -> BuildInfo:
+    """Compile and link ``request`` in ``scratch`` (which becomes the published directory)."""
+    name = request.options.name
+    source_name = f"{name}.cpp"
+    unit = compile_unit(
+        request,
+        toolchain,
+        cache,
+        scratch,
+        stopwatch,
+        source_text=request.options.source,
+        source_name=source_name,
+    )
+    if unit.step.returncode != 0:
+        raise compile_error(request, toolchain, unit.step, source_name)
+    linked = link(request, toolchain, scratch, stopwatch, [unit.object_name])
+    if linked.returncode != 0:
+        raise compile_error(request, toolchain, linked, source_name)
+    return publish(request, scratch, stopwatch, unit, [unit.step, linked], source_name)
+
+
+@dataclass(frozen=True)
+class CompiledUnit:
+    """One C++ translation unit compiled with the torch prefix header."""
+
+    step: StepResult
+    prefix: Prefix
+    object_name: str
+    deps_name: str
+
+
+def compile_unit(
+    request: BuildRequest,
+    toolchain: Toolchain,
+    cache: BuildCache,
+    scratch: Path,
+    stopwatch: Stopwatch,
+    *,
+    source_text: str,
+    source_name: str,
+    extra_flags: Sequence[str] = (),
+    extra_includes: Sequence[str] = (),
+    step: str = "compiling",
+) -> CompiledUnit:
+    """Write ``source_text`` to ``source_name`` and compile it after the prefix header.
+
+    ``extra_includes`` are force-included after the prefix (the precompiled header must come
+    first); ``extra_flags`` are added to the compile only (not to the precompiled header).
+    The result's step may have failed: the caller raises.
+    """
+    stem = source_name.rsplit(".", 1)[0]
+    (scratch / source_name).write_text(source_text)
+    prefix = prepare_prefix(
+        source_text,
+        toolchain,
+        request.flags,
+        request.options.defines,
+        cache,
+        stopwatch,
+        precompile=request.options.precompiled_headers,
+        retry_failed=request.options.force,  # a forced build retries a failed precompile
+        search_flags=extra_flags,
+    )
+    stopwatch.report(step)
+    command = [
+        *((toolchain.ccache,) if toolchain.ccache else ()),
+        *toolchain.compiler,
+        *request.flags,
+        *(f"-I{d}" for d in request.options.include_dirs),
+        *extra_flags,
+        *request.options.defines,
+        f"-DTORCH_EXTENSION_NAME={request.options.name}",
+        "-Winvalid-pch",
+        "-include",
+        str(prefix.header),
+        *(flag for header in extra_includes for flag in ("-include", header)),
+        "-MD",
+        "-MF",
+        f"{stem}.d",
+        "-c",
+        source_name,
+        "-o",
+        f"{stem}.o",
+    ]
+    compiled = run_step(
+        command, cwd=scratch, stopwatch=stopwatch, env=compile_env(toolchain, cache)
+    )
+    return CompiledUnit(compiled, prefix, f"{stem}.o", f"{stem}.d")
+
+
+def link(
+    request: BuildRequest,
+    toolchain: Toolchain,
+    scratch: Path,
+    stopwatch: Stopwatch,
+    objects: Sequence[str],
+    extra_flags: Sequence[str] = (),
+) -> StepResult:
+    """Link ``objects`` into ``lib<name>.so`` against libtorch."""
+    stopwatch.report("linking")
+    return run_step(
+        [
+            *toolchain.compiler,
+            *objects,
+            "-o",
+            f"lib{request.options.name}.so",
+            *extra_flags,
+            *request.link_flags,
+        ],
+        cwd=scratch,
+        stopwatch=stopwatch,
+        env={**os.environ, "LC_ALL": "C"},
+    )
+
+
+def publish(
+    request: BuildRequest,
+    scratch: Path,
+    stopwatch: Stopwatch,
+    unit: CompiledUnit | None,
+    steps: Sequence[StepResult],
+    source_name: str,
+    *,
+    deps_files: Sequence[str] = (),
+    leftovers: Sequence[str] = (),
+    cuda_mode: str = "",
+    archs: Sequence[str] = (),
+    device_seconds: float = 0.0,
+    note: str = "",
+) -> BuildInfo:
+    """Record a finished build in ``scratch/build.json`` (intermediate files removed).
+
+    ``unit``: the translation unit compiled with the torch prefix header, if any (its
+    precompiled header may have been refused: a macro of the user's is then recorded so
+    that the next build precompiles it in).
+    """
+    precompiled, header_set, headers_seconds = False, None, 0.0
+    if unit is not None:
+        prefix = unit.prefix
+        header_set, headers_seconds = prefix.header_set, prefix.seconds
+        rejected = _PCH_REJECTED.search(unit.step.output) if prefix.precompiled else None
+        note = note or prefix.note
+        if rejected is not None:
+            note = f"GCC did not use the precompiled header ({rejected[1]})"
+            macro = _QUOTED_NAME.search(rejected[1])
+            if prefix.macros_file is not None and macro and macro[1] in _macro_names(request):
+                record_macro(prefix.macros_file, macro[1])
+                note += f"; the next build precompiles the headers with your {macro[1]}"
+        precompiled = prefix.precompiled and rejected is None
+        deps_files = [unit.deps_name, *deps_files]
+        leftovers = [unit.object_name, *leftovers]
+    log = "\n".join(step.output for step in steps if step.output.strip())
+    compile_seconds = sum(s.seconds for s in steps[:-1]) - device_seconds
+    record = {
+        "header_set": header_set.name if header_set else None,
+        "precompiled": precompiled,
+        "commands": [step.command_line for step in steps],
+        "log": log,
+        "note": note,
+        "source_name": source_name,
+        "cuda_mode": cuda_mode,
+        "archs": list(archs),
+        "user_headers": sorted(
+            {
+                h
+                for d in deps_files
+                for h in _user_headers(scratch / d, request.options.include_dirs)
+            }
+        ),
+        "compile_seconds": compile_seconds,
+        "link_seconds": steps[-1].seconds,
+    }
+    for leftover in [*leftovers, *deps_files]:
+        (scratch / leftover).unlink(missing_ok=True)
+    write_atomic(scratch / "build.json", json.dumps(record, indent=1))
+    return BuildInfo(
+        cached=False,
+        directory=scratch,
+        header_set=record["header_set"],
+        precompiled=precompiled,
+        headers_seconds=headers_seconds,
+        compile_seconds=compile_seconds,
+        link_seconds=steps[-1].seconds,
+        seconds=stopwatch.elapsed,
+        commands=tuple(record["commands"]),
+        log=log,
+        note=note,
+        source_name=source_name,
+        cuda_mode=cuda_mode,
+        archs=tuple(archs),
+        device_seconds=device_seconds,
+    )
+
+
+def _macro_names(request: BuildRequest) -> set[str]:
+    """Names of the macros the user set with -D/-U."""
+    return {macro_name(d) for d in request.options.defines}
+
+
+def compile_env(toolchain: Toolchain, cache: BuildCache) -> dict[str, str]:
+    """The compile's environment: English messages with plain quotes (they are parsed), and
+    for ccache paths relative to the cache (hits across scratch dirs) and PCH-safe settings."""
+    env = {**os.environ, "LC_ALL": "C"}
+    if toolchain.ccache:
+        env["CCACHE_BASEDIR"] = str(cache.home)
+        env["CCACHE_SLOPPINESS"] = "pch_defines,time_macros,include_file_mtime,include_file_ctime"
+    return env
+
+
+def _user_headers(deps_file: Path, include_dirs: tuple[str, ...]) -> list[tuple[str, int, int]]:
+    """``(path, size, mtime_ns)`` of headers from the user's include dirs the build read."""
+    if not include_dirs or not deps_file.is_file():
+        return []
+    roots = tuple(os.path.join(os.path.realpath(d), "") for d in include_dirs)
+    text = deps_file.read_text().replace("\\\n", " ")
+    headers = []
+    for token in text.split()[1:]:
+        path = os.path.realpath(token)
+        if path.startswith(roots):
+            info = os.stat(path)
+            headers.append((path, info.st_size, info.st_mtime_ns))
+    return headers
+
+
+def compile_error(
+    request: BuildRequest, toolchain: Toolchain, step: StepResult, source_name: str
+) -> Exception:
+    """The exception for a failed compile or link: the first error at its source line."""
+    options = request.options
+    diagnostics = parse_diagnostics(step.output, source_name)
+    error = first_error(diagnostics)
+    if error is not None and _MISSING_PYTHON_H.search(error.message):
+        return MissingHeadersError(
+            f"Python.h is missing ({toolchain.python_include}); the source includes it "
+            f"(directly or through torch/extension.h): {INSTALL_PYTHON_HEADERS}."
+        )
+    library = f"lib{options.name}.so"
+    return CompileError(
+        failure_text(library, diagnostics, options.source, options.label, options.first_line),
+        diagnostics=diagnostics,
+        log=step.output,
+        command=step.command_line,
+        source=options.source,
+        label=options.label,
+        first_line=options.first_line,
+    )
+
+
+def _print_verbose(title: str, commands: Iterable[str], log: str) -> None:
+    """``verbose=True``: the build's commands and compiler output, on stderr."""
+    lines = [title, *(f"  $ {c}" for c in commands)]
+    if log.strip():
+        lines.append(log.rstrip())
+    print("\n".join(lines), file=sys.stderr)

@@ -1,0 +1,193 @@
+"""The build pipeline with the real compiler: the cache, progress, options on the command
+line, precompiled headers, ccache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from opmagic.native import BuildProgress, compile_library
+from opmagic.native.toolchain import find_toolchain
+
+from .sources import op_source
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_an_unchanged_source_is_served_from_the_cache(loaded):
+    source = op_source("cl_cached")
+    first = compile_library(source, progress=None)
+    loaded.append(first)
+    events: list[BuildProgress] = []
+    again = compile_library(source, replace=first, progress=events.append)
+    loaded.append(again)
+    assert again.build.cached and again.build.directory == first.build.directory
+    assert events == []  # nothing to report when nothing is built
+    assert first.closed and torch.ops.cl_cached.scale(torch.ones(1)).item() == 2.0
+
+
+def test_a_fresh_process_reuses_the_build_in_a_fraction_of_a_second(loaded):
+    source = op_source("cl_fresh")
+    loaded.append(compile_library(source, progress=None))
+    script = textwrap.dedent(
+        """
+        import json, sys, time, torch
+        from opmagic import compile_library
+        started = time.perf_counter()
+        library = compile_library(sys.stdin.read(), progress=None)
+        seconds = time.perf_counter() - started
+        value = torch.ops.cl_fresh.scale(torch.ones(1)).item()
+        print(json.dumps({"cached": library.build.cached, "seconds": seconds, "value": value}))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        input=source,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    report = json.loads(result.stdout)
+    assert report["cached"] and report["value"] == 2.0
+    assert report["seconds"] < 1.0  # a rebuild takes > 1.5 s even with precompiled headers
+
+
+def test_progress_reports_steps_with_elapsed_time_then_finishes(loaded):
+    events: list[BuildProgress] = []
+    loaded.append(compile_library(op_source("cl_progress"), progress=events.append))
+    steps = [e.step for e in events]
+    assert "compiling" in steps and "linking" in steps
+    assert events[-1].finished and not events[-1].failed
+    assert [e.elapsed for e in events] == sorted(e.elapsed for e in events)
+    assert str(events[-1]).startswith("opmagic: built libcl_progress.so in ")
+
+
+def test_verbose_prints_the_commands_and_force_rebuilds(loaded, capsys):
+    source = op_source("cl_verbose")
+    first = compile_library(source, progress=None)
+    loaded.append(first)
+    capsys.readouterr()
+    again = compile_library(source, replace=first, force=True, verbose=True, progress=None)
+    loaded.append(again)
+    err = capsys.readouterr().err
+    assert not again.build.cached
+    assert "opmagic: built " in err and "$ " in err and "-c cl_verbose.cpp" in err
+    assert "-shared" in err  # the link command
+
+
+def test_options_reach_the_compiler(loaded, tmp_path):
+    include = tmp_path / "include"
+    include.mkdir()
+    (include / "factor.h").write_text("constexpr int kFactor = 7;\n")
+    source = op_source(
+        "cl_options",
+        kernel='#include "factor.h"\nat::Tensor scale(const at::Tensor& x) '
+        "{ return x.mul(kFactor + EXTRA); }",
+    )
+    library = compile_library(
+        source, name="options_lib", include_dirs=[include], extra_cflags=["-DEXTRA=100"]
+    )
+    loaded.append(library)
+    assert library.path.name == "liboptions_lib.so"
+    assert torch.ops.cl_options.scale(torch.ones(1)).item() == 107.0
+    assert "-DEXTRA=100" in library.build.commands[0]
+    assert library.build.precompiled  # a macro torch's headers never test reuses the header
+
+    # editing a header from include_dirs invalidates the cached build
+    (include / "factor.h").write_text("constexpr int kFactor = 8;\n")
+    rebuilt = compile_library(
+        source,
+        name="options_lib",
+        include_dirs=[include],
+        extra_cflags="-D EXTRA=100",  # one string works too
+        replace=library,
+        progress=None,
+    )
+    loaded.append(rebuilt)
+    assert not rebuilt.build.cached
+    assert torch.ops.cl_options.scale(torch.ones(1)).item() == 108.0
+
+
+def test_a_gcc_without_a_shared_libstdcxx_links_the_process_one(loaded, tmp_path, monkeypatch):
+    # the GPU machine's $CXX: a GCC whose libstdc++.so is a dangling symlink beside a real
+    # libstdc++.a; ld.gold could not link, ld.bfd linked libstdc++ statically (a crash on load)
+    static = subprocess.run(
+        ["g++", "-print-file-name=libstdc++.a"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if not os.path.isfile(static):
+        pytest.skip("needs GCC's libstdc++.a")
+    gcc = tmp_path / "gcc"
+    gcc.mkdir()
+    (gcc / "libstdc++.so").symlink_to("../missing/libstdc++.so.6")
+    (gcc / "libstdc++.a").symlink_to(static)
+    cxx = tmp_path / "g++"
+    cxx.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *-print-file-name=libstdc++.so*) echo libstdc++.so; exit 0;; esac\n'
+        f'exec g++ -L{gcc} "$@"\n'
+    )
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    toolchain = find_toolchain()
+    assert os.path.basename(toolchain.libstdcxx).startswith("libstdc++.so") and not toolchain.gold
+    library = compile_library(op_source("cl_nostdcxx"), precompiled_headers=False, progress=None)
+    loaded.append(library)
+    assert torch.ops.cl_nostdcxx.scale(torch.ones(1)).item() == 2.0
+    dynamic = subprocess.run(
+        ["readelf", "-d", str(library.path)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "[libstdc++.so.6]" in dynamic  # the shared one, not a static copy
+
+
+@pytest.mark.slow
+def test_a_macro_that_changes_torch_headers_gets_its_own_precompiled_header(loaded):
+    """GCC refuses a precompiled header built without a -D that the headers test (NDEBUG);
+    the build still works, and the next one precompiles the headers with the flag."""
+    source = op_source("cl_ndebug")
+    first = compile_library(source, extra_cflags=["-DNDEBUG"], progress=None)
+    loaded.append(first)
+    assert not first.build.precompiled
+    assert "`NDEBUG' is defined" in first.build.note and "next build" in first.build.note
+    second = compile_library(
+        source, extra_cflags=["-DNDEBUG"], force=True, replace=first, progress=None
+    )
+    loaded.append(second)
+    assert second.build.precompiled and second.build.headers_seconds > 0
+    assert torch.ops.cl_ndebug.scale(torch.ones(1)).item() == 2.0
+
+
+def test_without_precompiled_headers(loaded):
+    library = compile_library(
+        op_source("cl_nopch"), precompiled_headers=False, opt_level=0, progress=None
+    )
+    loaded.append(library)
+    assert not library.build.precompiled and library.build.header_set is None
+    assert "precompiled headers disabled" in str(library)
+    assert torch.ops.cl_nopch.scale(torch.ones(1)).item() == 2.0
+
+
+def test_ccache_is_used_when_installed(loaded, tmp_path, monkeypatch):
+    """With ccache on PATH, compiles run through it with CCACHE_BASEDIR at the cache."""
+    log = tmp_path / "ccache.log"
+    fake = tmp_path / "bin" / "ccache"
+    fake.parent.mkdir()
+    fake.write_text(
+        f'#!/bin/sh\necho "$CCACHE_BASEDIR|$CCACHE_SLOPPINESS|$*" >> {log}\nexec "$@"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    library = compile_library(op_source("cl_ccache"), force=True, progress=None)
+    loaded.append(library)
+    basedir, sloppiness, command = log.read_text().strip().split("|")
+    assert Path(basedir) == Path(os.environ["XDG_CACHE_HOME"]) / "opmagic" / "v1"
+    assert "pch_defines" in sloppiness and "time_macros" in sloppiness
+    assert "-c cl_ccache.cpp" in command
+    assert library.build.commands[0].startswith(str(fake))
