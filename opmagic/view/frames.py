@@ -1,4 +1,4 @@
-"""pandas forms of dispatch facts, and their styled notebook display."""
+"""pandas forms of dispatch facts: styled, folded HTML in notebooks; width-aware text."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from pandas.io.formats.style import Styler
 
 TABLE_COLUMNS = ["key", "category", "kind", "alias", "source", "site", "explanation"]
-KERNEL_COLUMNS = ["key", "category", "kind", "alias", "source"]
 _MIN_NAME = 24  # narrowest operator column of a wide frame's matrix
 SHOWN_ROWS = 20  # rows a notebook or terminal shows before folding the rest
 STYLED_ROWS = 200  # rows a notebook shows styled in all (folded after SHOWN_ROWS)
@@ -33,18 +32,6 @@ def table_frame(table: DispatchTable) -> pandas.DataFrame:
         (e.key, e.category, e.kind, e.alias, e.source, e.site, e.explanation) for e in table.entries
     ]
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
-
-
-def op_kernels_frame(table: DispatchTable) -> pandas.DataFrame:
-    """The operator's own kernels per key, in priority order (no fallbacks, no missing keys)."""
-    import pandas as pd
-
-    rows = [
-        (e.key, e.category, e.kind, e.alias, e.source)
-        for e in table.entries
-        if e.kind != "missing" and not e.is_fallback
-    ]
-    return pd.DataFrame(rows, columns=KERNEL_COLUMNS)
 
 
 def style_kinds(frame: pandas.DataFrame) -> Styler:
