@@ -145,6 +145,8 @@ def test_a_custom_op_without_a_fake_impl_has_a_meta_stub():
         assert (meta.kind, meta.kind_label) == ("stub", "stub: raises (no fake impl)")
         assert meta.source == "no fake impl: register one with register_fake"
         assert meta.has_kernel  # it runs, and raises: resolve puts it on the path and fails
+        assert dispatch_table(unfaked).frame().set_index("key").loc["Meta", "kind"] == "stub"
+        assert "stub: raises (no fake impl)" in str(dispatch_table(unfaked))
         assert "NotImplementedError" in str(resolve(unfaked, torch.randn(2, device="meta")).error)
         generated = dispatch_table(returns_nothing)["Meta"]  # custom_op makes a fake impl
         assert generated.kind == "kernel" and "generated" in generated.source
