@@ -228,11 +228,22 @@ def py_kernel_keys(op_overload: Any) -> list[str]:
     ]
 
 
+def python_kernel(op_overload: Any, key: str) -> Any | None:
+    """The Python function ``py_impl`` put on an OpOverload for ``key``, or None.
+
+    ``torch/_meta_registrations.py`` registers each Python Meta kernel both here and with
+    the dispatcher (through one ``Library``, whose line is all the dispatcher records).
+    """
+    dispatch_key = getattr(_C.DispatchKey, key, None)
+    if dispatch_key is None:
+        return None
+    return getattr(op_overload, "py_kernels", {}).get(dispatch_key)
+
+
 def library_autocast_dtype(op_overload: Any, autocast_key: str) -> torch.dtype | None:
     """The dtype ``torch.library.register_autocast`` casts to at ``autocast_key`` for an op
     that is not a custom_op (its rule is a Python kernel closing over ``cast_inputs``)."""
-    key = getattr(_C.DispatchKey, autocast_key, None)
-    rule = getattr(op_overload, "py_kernels", {}).get(key)
+    rule = python_kernel(op_overload, autocast_key)
     code = getattr(rule, "__code__", None)
     if code is None or "cast_inputs" not in code.co_freevars or not rule.__closure__:
         return None

@@ -14,9 +14,11 @@ from collections.abc import Iterator, Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
+import graphviz
+
 from ..dispatch.trace import Surprises, Trace, TracedCall
 from ..display import renders
-from .graph import Diagram
+from .graph import Diagram, dot_label
 from .style import FAIL_COLOUR, KIND_COLOURS, KIND_FILLS, styled
 
 if TYPE_CHECKING:
@@ -228,69 +230,67 @@ def trace_frame(trace: Trace) -> pandas.DataFrame:
 # ------------------------------------------------------------------ diagram
 
 
-def _dot_text(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
-
-
 class _CallGraph:
-    """DOT for a call forest: calls as boxes, decompositions as nested clusters.
+    """The call forest as a ``graphviz.Digraph``: calls as boxes, decompositions as nested
+    clusters.
 
-    Edges are written at the top level: an edge inside a cluster would pull its caller in.
+    Edges are added at the top level: an edge inside a cluster would pull its caller in.
     """
 
-    def __init__(self, limit: int) -> None:
-        self.lines: list[str] = []
-        self.edges: list[str] = []
+    def __init__(self, graph: graphviz.Digraph, limit: int) -> None:
+        self.graph = graph
+        self.edges: list[tuple[str, str, dict[str, str]]] = []
         self.count = 0
         self.limit = limit
         self.left_out = 0
 
-    def node(self, call: TracedCall, indent: str) -> str | None:
+    def node(self, call: TracedCall, target: graphviz.Digraph) -> str | None:
         if self.count >= self.limit:
             self.left_out += sum(1 for _ in call.walk())
             return None
         self.count += 1
         name = f"c{self.count}"
         kind = _kind_of(call)
-        label = "\\n".join(
-            _dot_text(line)
-            for line in (
-                call.op,
-                " → ".join(call.path) or "(no kernel ran)",
-                f"{call.kernel_kind}, {_time(call.time_ns)}",
-            )
+        lines = (
+            call.op,
+            " → ".join(call.path) or "(no kernel ran)",
+            f"{call.kernel_kind}, {_time(call.time_ns)}",
         )
-        border = FAIL_COLOUR if call.error else "#616161"
-        self.lines.append(
-            f'{indent}{name} [label="{label}", fillcolor="{KIND_FILLS.get(kind, "#fff")}", '
-            f'color="{border}"];'
+        target.node(
+            name,
+            label=dot_label(lines),
+            fillcolor=KIND_FILLS.get(kind, "#fff"),
+            color=FAIL_COLOUR if call.error else "#616161",
         )
         return name
 
-    def calls(self, calls: Sequence[TracedCall], parent: str | None, indent: str) -> None:
+    def calls(
+        self, calls: Sequence[TracedCall], parent: str | None, target: graphviz.Digraph
+    ) -> None:
         previous = None
         for call in calls:
-            name = self.node(call, indent)
+            name = self.node(call, target)
             if name is None:
                 continue
             if parent is not None:
-                self.edges.append(f"  {parent} -> {name};")
+                self.edges.append((parent, name, {}))
             elif previous is not None:  # the traced code's own calls, in order
-                self.edges.append(f"  {previous} -> {name} [style=dotted, arrowhead=none];")
+                self.edges.append((previous, name, {"style": "dotted", "arrowhead": "none"}))
             previous = name
             if not call.children:
                 continue
             kernel = call.kernel
             if kernel is not None and kernel.alias == "CompositeImplicitAutograd":
-                self.lines.append(f"{indent}subgraph cluster_{name} {{")
-                self.lines.append(
-                    f'{indent}  label="{_dot_text(call.op)} decomposes into"; style="dashed";'
-                    ' color="#1565c0"; fontsize=10;'
-                )
-                self.calls(call.children, name, indent + "  ")
-                self.lines.append(f"{indent}}}")
+                with target.subgraph(name=f"cluster_{name}") as cluster:
+                    cluster.attr(
+                        label=dot_label([f"{call.op} decomposes into"]),
+                        style="dashed",
+                        color="#1565c0",
+                        fontsize="10",
+                    )
+                    self.calls(call.children, name, cluster)
             else:
-                self.calls(call.children, name, indent)
+                self.calls(call.children, name, target)
 
 
 @renders(Trace, "diagram")
@@ -298,22 +298,25 @@ def trace_diagram(trace: Trace, max_calls: int = DIAGRAM_CALLS) -> Diagram:
     """The call graph: each call a box (op, path, kernel kind, time), an edge to each call its
     kernels made; a CompositeImplicitAutograd decomposition is drawn inside a dashed cluster.
     At most ``max_calls`` calls are drawn."""
-    graph = _CallGraph(max_calls)
-    graph.calls(trace.calls, None, "  ")
-    if graph.left_out:
-        graph.lines.append(
-            f'  more [label="{graph.left_out} more calls not drawn (max_calls={max_calls})",'
-            " shape=plaintext];"
-        )
-    dot = "\n".join(
-        [
-            "digraph trace {",
-            '  graph [rankdir=LR, ordering=out, fontname="Helvetica", fontsize=11];',
-            '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
-            '  edge [color="#757575"];',
-            *graph.lines,
-            *graph.edges,
-            "}",
-        ]
+    dot = graphviz.Digraph(
+        "trace",
+        graph_attr={"rankdir": "LR", "ordering": "out", "fontname": "Helvetica", "fontsize": "11"},
+        node_attr={
+            "shape": "box",
+            "style": "rounded,filled",
+            "fontname": "Helvetica",
+            "fontsize": "10",
+        },
+        edge_attr={"color": "#757575"},
     )
-    return Diagram(dot=dot, text=trace_text(trace))
+    graph = _CallGraph(dot, max_calls)
+    graph.calls(trace.calls, None, dot)
+    if graph.left_out:
+        dot.node(
+            "more",
+            label=dot_label([f"{graph.left_out} more calls not drawn (max_calls={max_calls})"]),
+            shape="plaintext",
+        )
+    for tail, head, attrs in graph.edges:
+        dot.edge(tail, head, **attrs)
+    return Diagram(dot, trace_text(trace))

@@ -207,3 +207,11 @@ def test_library_autocast_dtype():
         assert dispatcher.library_autocast_dtype(op, "AutocastCUDA") is None
     finally:
         lib._destroy()
+
+
+def test_python_kernel():
+    """torch/_meta_registrations.py puts its Python Meta kernels on the OpOverload too."""
+    meta_mm = dispatcher.python_kernel(torch.ops.aten.mm.default, "Meta")
+    assert meta_mm is not None and meta_mm.__name__ == "meta_mm"
+    assert dispatcher.python_kernel(torch.ops.aten.mm.default, "NoSuchKey") is None
+    assert dispatcher.python_kernel(torch.ops.aten.mm.default, "XLA") is None

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ...._torch import custom_op_state, dispatcher
+from ...._torch import dispatcher
 from ...keys import KeyCatalogue
 from ...table import TableEntry
 from ..call import KernelOutcome, OperatorCall
@@ -17,14 +17,7 @@ from .registry import handles, runs_then_redispatches_below
 @handles(category="backend")
 def backend(call: OperatorCall, key: str, entry: TableEntry, keyset: int) -> KernelOutcome:
     """A backend kernel ends the call; Meta without a fake impl raises."""
-    if key == "Meta" and entry.kind == "fallback":
-        return KernelOutcome("error", no_fake_message(str(call.ref)))
-    if (
-        key == "Meta"
-        and call.is_custom_op_kernel(entry)
-        and call.custom_op["fake"] is None
-        and not custom_op_state.custom_op_can_fake_trivially(call.ref.op_overload())
-    ):
+    if key == "Meta" and entry.kind in ("fallback", "stub"):  # stub: custom_op's, no fake impl
         return KernelOutcome("error", no_fake_message(str(call.ref)))
     if entry.kind == "fallback":
         return KernelOutcome("ends", f"runs the {key} backend fallback {entry.source}")
