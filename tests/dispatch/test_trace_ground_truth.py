@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from opmagic import dispatch_table, trace
 from opmagic.dispatch.ops import op_ref
 
-from .probes import ProbeOp, make_probe_op, probe_keys_on
+from .probes import ProbeOp, make_probe_op, served_by_probe
 
 
 class PassThroughMode(TorchDispatchMode):
@@ -192,13 +192,12 @@ def check_trace(leaf_keys: list[str], composite_keys: list[str], inputs: str, co
             assert _shape_of(traced.result) == _shape_of(untraced_value)
 
         # exact: depth-first, each probe call's path then its children, equals the log
-        tables = {str(op_ref(p.op)): (p, dispatch_table(p.op)) for p in (leaf, composite)}
+        tables = {str(op_ref(p.op)): dispatch_table(p.op) for p in (leaf, composite)}
         walked: list[tuple[str, str]] = []
         for call in traced.walk():
-            found = tables.get(call.op)
-            if found is not None:
-                probe, table = found
-                walked += [(call.op, key) for key in probe_keys_on(call.path, probe, table)]
+            table = tables.get(call.op)
+            if table is not None:
+                walked += [(call.op, key) for key in call.path if served_by_probe(table, key)]
         assert walked == traced_log, (
             f"the trace says {walked}, the probes ran {traced_log}\n{traced}"
         )
