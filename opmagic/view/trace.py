@@ -38,16 +38,17 @@ def _time(ns: int) -> str:
     return f"{ns / 1e9:.2f} s"
 
 
-def _headline(trace: Trace) -> str:
+def _headline(trace: Trace) -> list[str]:
+    """The summary line, then what the traced code raised (on its own line so it reads whole)."""
     total = len(trace)
     made = len(trace.calls)
     text = (
         f"trace: {total} operator call{'s' if total != 1 else ''} ({made} made by the traced "
         f"code itself), {_time(trace.time_ns)} (tracing added {_time(trace.overhead_ns)})"
     )
-    if trace.exception is not None:
-        text += f"; raised {type(trace.exception).__name__}: {trace.exception}"
-    return text
+    if trace.exception is None:
+        return [text]
+    return [text, f"raised {type(trace.exception).__name__}: {trace.exception}"]
 
 
 def _kind_of(call: TracedCall) -> str:
@@ -108,7 +109,8 @@ def calls_text(calls: Sequence[TracedCall], width: int | None = None) -> list[st
 def trace_text(trace: Trace, width: int | None = None) -> str:
     """The headline, the call tree, then the surprises, fitted to the terminal's width."""
     width = width or shutil.get_terminal_size().columns
-    lines = [*textwrap.wrap(_headline(trace), width), *calls_text(trace.calls, width)]
+    headline = [wrapped for line in _headline(trace) for wrapped in textwrap.wrap(line, width)]
+    lines = [*headline, *calls_text(trace.calls, width)]
     surprises = trace.surprises()
     if len(surprises):
         lines += ["", surprises_text(surprises, width)]
@@ -176,7 +178,9 @@ def trace_html(trace: Trace) -> str:
     surprises = trace.surprises()
     summary = surprises_html(surprises, wrapped=False) if len(surprises) else ""
     calls = "".join(_call_html(c) for c in trace.calls) or '<div class="dim">(no calls)</div>'
-    return styled(f"<div><b>{escape(_headline(trace))}</b></div>{summary}{calls}")
+    return styled(
+        "".join(f"<div><b>{escape(line)}</b></div>" for line in _headline(trace)) + summary + calls
+    )
 
 
 @renders(TracedCall, "html")
