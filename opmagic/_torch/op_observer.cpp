@@ -18,14 +18,15 @@
 //
 // Built once per torch, Python and compiler by opmagic/_torch/op_observer.py.
 
-#include <ATen/core/Tensor.h>
+#include <ATen/core/function_schema.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <pybind11/pybind11.h>
 #include <torch/csrc/DynamicTypes.h>
-#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/Export.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <chrono>
@@ -37,6 +38,16 @@
 #include <vector>
 
 namespace py = pybind11;
+
+// Two functions of libtorch_python, declared here as torch's own headers declare them
+// (torch/csrc/autograd/python_variable.h, torch/csrc/jit/python/pybind_utils.h): those
+// headers pull in autograd and the whole TorchScript IR, which made this file take ~25 s of
+// CPU to compile instead of ~8 s. A signature torch changed would fail the load with an
+// undefined symbol, reported as the build's error.
+TORCH_PYTHON_API PyObject* THPVariable_Wrap(const at::TensorBase& var);
+namespace torch::jit {
+TORCH_PYTHON_API py::object toPyObject(c10::IValue ivalue);
+}  // namespace torch::jit
 
 namespace {
 
@@ -138,7 +149,11 @@ void keep_error(const py::object& exception);
 // wrapped number (the 1 of `x + 1`) into a Python int, but the call received a tensor.
 py::object to_python(const c10::IValue& value) {
   if (value.isTensor()) {
-    return py::cast(value.toTensor());
+    PyObject* tensor = THPVariable_Wrap(value.toTensor());
+    if (tensor == nullptr) {
+      throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::object>(tensor);
   }
   if (value.isList()) {
     py::list items;

@@ -15,18 +15,23 @@ functionalization); then ``describe`` returns ``(segment, argument summaries)``,
 The hook is a thread-local RecordFunction callback, the one torch.profiler uses: it adds no
 dispatch key and leaves the thread-local dispatch state alone. torch has no Python API to add
 one, so it is C++ (``op_observer.cpp``), compiled once per torch, Python and compiler into the
-per-user cache (``$XDG_CACHE_HOME/opmagic``, private to the user).
+per-user cache (``$XDG_CACHE_HOME/opmagic``, private to the user): by the first call that
+needs it, or ahead of it on a daemon thread (:func:`build_in_background`), which that call
+then waits for.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import stat
 import sys
 import sysconfig
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -36,7 +41,9 @@ import torch
 from ..errors import BuildError, CacheDirectoryError
 
 SOURCE = Path(__file__).with_name("op_observer.cpp")
-FLAGS = ("-O2", "-DNDEBUG")  # NDEBUG: torch's release headers assert otherwise
+# -O1: a third less compile time than -O2 and the same per-call cost (benchmarks/trace.py);
+# NDEBUG: torch's release headers assert otherwise
+FLAGS = ("-O1", "-DNDEBUG")
 
 # describe(op index, name, overload, inputs, python_decides) -> (segment, summaries or None)
 Describe = Callable[[int, str, str, tuple[Any, ...], bool], tuple[int, Any]]
@@ -88,36 +95,168 @@ def build_directory() -> Path:
     return Path(base) / "opmagic" / "op_observer" / key
 
 
-@functools.cache
+def build_in_background() -> threading.Thread | None:
+    """Start compiling the observer on a daemon thread when it is neither loaded nor built
+    (``%load_ext opmagic`` calls this, so that the first trace need not wait for the compiler).
+
+    Returns the thread, or ``None`` when there is nothing to do. A failed build never raises
+    here: the first trace that needs the observer reports it.
+    """
+    if not _observer.lock.acquire(blocking=False):
+        return None  # another thread is building or loading it now
+    try:
+        if _observer.module is not None or _observer.failure is not None or _built():
+            _observer.lock.release()
+            return None
+        thread = threading.Thread(
+            target=_build_holding_lock, name="opmagic operator observer build", daemon=True
+        )
+        thread.start()  # from here the thread holds the lock; it releases it when done
+    except BaseException:
+        _observer.lock.release()
+        raise
+    return thread
+
+
+class _Observer:
+    """The compiled observer of this process, built or loaded by the first thread needing it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # held while a thread builds or loads the module
+        self.module: ModuleType | None = None
+        self.failure: BaseException | None = None  # what the background build raised
+        self.failure_reported = False  # a trace raised it: the next one builds again
+        self.announce_lock = threading.Lock()
+        self.announced = False  # the line saying a trace waits for the build was printed
+
+
+_observer = _Observer()
+
+
 def _module() -> ModuleType:
-    """The compiled observer, built on first use."""
+    """The compiled observer: built on first use, or the background build waited for."""
+    module = _observer.module
+    if module is not None:
+        return module
+    waited = False
+    if not _observer.lock.acquire(blocking=False):
+        _announce_wait()
+        _observer.lock.acquire()
+        waited = True
+    try:
+        if _observer.module is None:
+            failure = _observer.failure
+            if failure is not None and (waited or not _observer.failure_reported):
+                _observer.failure_reported = True  # to every trace that waited for the build
+                raise failure.with_traceback(None)
+            _observer.failure = None
+            _observer.module = _build(announce=True)
+        return _observer.module
+    finally:
+        _observer.lock.release()
+
+
+def _build_holding_lock() -> None:
+    """The background build: keeps the module, or the failure for the first trace to report."""
+    try:
+        _observer.module = _build(announce=False)
+    except Exception as exc:  # reported by the trace that needs the observer, not here
+        _observer.failure = exc
+        _observer.failure_reported = False
+    finally:
+        _observer.lock.release()
+
+
+def _announce_wait() -> None:
+    """Say once per process that a trace waits for the observer's build (one line)."""
+    with _observer.announce_lock:
+        if _observer.announced:
+            return
+        _observer.announced = True
+    print(
+        "opmagic: waiting for the operator observer that trace uses to finish compiling "
+        "(started by %load_ext opmagic; once per torch version)...",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _library_name(directory: Path) -> str:
+    return f"opmagic_op_observer_{directory.name}"
+
+
+def _built() -> bool:
+    """Whether this torch's build of the observer is in the cache already."""
+    try:
+        directory = build_directory()
+        return (directory / f"{_library_name(directory)}.so").exists()
+    except OSError:  # an unreadable cache: the build says what is wrong
+        return False
+
+
+def _build(announce: bool) -> ModuleType:
+    """Compile the observer into the cache (a no-op when built) and load it.
+
+    Builds of one directory are serialised across processes by an flock the kernel drops
+    when its holder dies, so a baton torch's builder left behind (its process died while
+    building, e.g. a background build at interpreter exit) is stale and removed.
+    """
     from torch.utils import cpp_extension
 
     directory = build_directory()
     _make_private(directory)
-    name = f"opmagic_op_observer_{directory.name}"
-    if not (directory / f"{name}.so").exists():
-        print(
-            "opmagic: compiling the operator observer that trace uses (once per torch version, "
-            "about a minute)...",
-            file=sys.stderr,
-            flush=True,
-        )
+    name = _library_name(directory)
+    with _exclusive(directory / "opmagic.lock"):
+        (directory / "lock").unlink(missing_ok=True)  # cpp_extension's baton, left by the dead
+        if announce and not (directory / f"{name}.so").exists():
+            print(
+                "opmagic: compiling the operator observer that trace uses (once per torch "
+                "version, about 15 s)...",
+                file=sys.stderr,
+                flush=True,
+            )
+        try:
+            return cpp_extension.load(
+                name=name,
+                sources=[str(SOURCE)],
+                build_directory=str(directory),
+                extra_cflags=list(FLAGS),
+                verbose=False,
+            )
+        except Exception as exc:  # the compiler's, ninja's or the loader's error, in words
+            _forget_build(cpp_extension, name)
+            output = getattr(exc, "output", None)  # a compiler check that failed says why here
+            if isinstance(output, bytes):
+                output = output.decode(errors="replace")
+            detail = "\n".join(
+                line  # ninja echoes each long compiler command twice: the errors are what matter
+                for part in (exc, output)
+                if part
+                for line in str(part).strip().splitlines()
+                if "-DTORCH_EXTENSION_NAME=" not in line
+            )[-3000:]
+            raise BuildError(
+                f"opmagic could not build its operator observer (C++, built once into "
+                f"{directory}): {detail}\nTracing needs a C++ compiler that can build torch "
+                "extensions (g++ and the Python headers); fix the error above and trace again."
+            ) from exc
+
+
+def _forget_build(cpp_extension: ModuleType, name: str) -> None:
+    """Make the next ``cpp_extension.load`` of ``name`` in this process build again: torch
+    remembers each name's sources once asked, and skips the build of a failed one."""
+    cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(name, None)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created 0600): released even if the process dies."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        return cpp_extension.load(
-            name=name,
-            sources=[str(SOURCE)],
-            build_directory=str(directory),
-            extra_cflags=list(FLAGS),
-            verbose=False,
-        )
-    except (RuntimeError, OSError, ImportError) as exc:
-        detail = str(exc).strip()[-3000:]
-        raise BuildError(
-            f"opmagic could not build its operator observer (C++, built once into {directory}): "
-            f"{detail}\nTracing needs a C++ compiler that can build torch extensions (g++ and "
-            "the Python headers); fix the error above, or delete that directory to rebuild."
-        ) from exc
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing drops the lock
 
 
 def _make_private(directory: Path) -> None:

@@ -271,6 +271,14 @@ def trace(fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any) ->
     return recording.finish(None, value)
 
 
+def prepare_in_background() -> None:
+    """Start compiling trace's C++ operator observer on a daemon thread, if it is not built
+    yet (once per torch version), so that the first trace need not wait for the compiler;
+    that trace waits for this build instead of starting another. Returns at once and never
+    raises: a failed build is reported by the first trace."""
+    op_observer.build_in_background()
+
+
 class _TraceBlock:
     """``with opmagic.trace() as t:``: ``t`` is filled in when the block ends."""
 

@@ -3,7 +3,8 @@
 Each magic class lives in its own module here and is a thin front on a public opmagic
 function. IPython is imported only when the extension is loaded. Loading also starts the
 cell session (``SessionMagics``: every cell's torch.library registrations become
-re-runnable); unloading removes everything the session's cells registered.
+re-runnable) and the warm-ups (:data:`WARM_UPS`); unloading removes everything the session's
+cells registered.
 """
 
 from __future__ import annotations
@@ -22,11 +23,28 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("trace", "TraceMagics"),
 ]
 
+# (module, function) of every warm-up: work that ``%load_ext opmagic`` starts in the
+# background so that a feature's first use need not wait for it. Each is a public function
+# that returns at once (slow work goes to a daemon thread, and the feature's first use waits
+# for that thread instead of doing the work again), does nothing when the work is already
+# done, and never raises: its failure is reported when the feature is used.
+WARM_UPS: list[tuple[str, str]] = [
+    ("opmagic.dispatch.trace", "prepare_in_background"),  # compile trace's operator observer
+]
+
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register opmagic's magics with an IPython shell; the session starts with them."""
+    """Register opmagic's magics with an IPython shell (the session starts with them), then
+    start the warm-ups."""
     for module, name in MAGIC_CLASSES:
         ipython.register_magics(getattr(importlib.import_module(f"{__name__}.{module}"), name))
+    warm_up()
+
+
+def warm_up() -> None:
+    """Start every warm-up of :data:`WARM_UPS` (each returns at once)."""
+    for module, name in WARM_UPS:
+        getattr(importlib.import_module(module), name)()
 
 
 def unload_ipython_extension(ipython: Any) -> None:

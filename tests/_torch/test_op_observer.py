@@ -68,6 +68,32 @@ def test_logs_calls_nested_as_they_ran_with_their_arguments() -> None:
     assert kinds == "ttv" and values[0] == (torch.float32, "cpu", (2, 3), False)
 
 
+def test_describe_gets_each_kind_of_argument_as_the_python_value_it_was() -> None:
+    generator = torch.Generator().manual_seed(1234)
+    x, index = torch.randn(2, 3), torch.tensor([0, 2])
+
+    def calls() -> None:
+        x + 1
+        torch.randn(2, generator=generator)
+        torch.full((2,), 1 + 2j)
+        x.to(torch.device("meta"), torch.float64)
+        x[:, index] = 0.5
+        torch.ops.aten.div.Tensor_mode(x, x, rounding_mode="floor")
+
+    _, _, error, describe = observe(calls)
+    assert error is None
+    asked = {(name, overload): inputs for name, overload, inputs, _ in describe.questions}
+    one = asked[("aten::add", "Tensor")][1]  # a wrapped number reaches the kernel as a tensor
+    assert isinstance(one, torch.Tensor) and one.item() == 1
+    size, passed = asked[("aten::randn", "generator")][:2]  # a new wrapper of the same one
+    assert size == [2] and passed.initial_seed() == generator.initial_seed()
+    assert asked[("aten::full", "")][1] == 1 + 2j
+    assert asked[("aten::to", "device")][1] == torch.device("meta")
+    indices = asked[("aten::index_put_", "")][1]
+    assert indices[0] is None and indices[1] is index
+    assert asked[("aten::div", "Tensor_mode")][2] == "floor"
+
+
 def test_asks_once_per_operator_and_dispatch_state_and_keeps_the_answers() -> None:
     x = torch.randn(3)
 
@@ -165,3 +191,47 @@ def test_build_directory_is_private_and_keyed_by_torch(tmp_path, monkeypatch) ->
 
     with pytest.raises(CacheDirectoryError, match="not private"):
         op_observer._make_private(directory)
+
+
+BACKGROUND_BUILD = """
+import sys, threading
+from IPython.core.interactiveshell import InteractiveShell
+from opmagic._torch import op_observer
+
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "opmagic")
+builds = [t for t in threading.enumerate() if t.name == "opmagic operator observer build"]
+print("building at load:", len(builds))
+print("second start:", op_observer.build_in_background())
+import torch, opmagic
+t = opmagic.trace(torch.add, torch.ones(2), torch.ones(2))
+print("traced:", [call.op for call in t.calls])
+print("builds left:", sum(t.is_alive() for t in builds))
+print("second process start:", op_observer.build_in_background())
+"""
+
+
+@pytest.mark.slow
+def test_load_ext_builds_the_observer_in_the_background_and_the_first_trace_waits(
+    tmp_path,
+) -> None:
+    """On a fresh cache ``%load_ext opmagic`` starts the build; the first trace waits for
+    that build (saying so once) instead of starting a second one."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", BACKGROUND_BUILD], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines() == [
+        "building at load: 1",
+        "second start: None",  # one build at a time
+        "traced: ['aten::add.Tensor']",
+        "builds left: 0",
+        "second process start: None",  # built: nothing to do
+    ], run.stdout
+    assert run.stderr.count("waiting for the operator observer") == 1, run.stderr
+    assert "compiling the operator observer" not in run.stderr  # no second, foreground build
