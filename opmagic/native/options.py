@@ -75,11 +75,16 @@ class BuildOptions:
 
         Raises :class:`~opmagic.errors.BuildOptionError` for the first bad one.
         """
-        if not isinstance(source, str) or not source.strip():
-            got = "" if isinstance(source, str) else f" (got {type(source).__name__})"
+        language = "CUDA C++" if cuda else "C++"
+        if not isinstance(source, str):
             raise BuildOptionError(
-                f"The source is empty{got}: write {'CUDA ' if cuda else ''}C++ with "
-                "TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks, as a string."
+                f"The source must be {language} source text (a str), got "
+                f"{type(source).__name__}."
+            )
+        if not source.strip():
+            raise BuildOptionError(
+                f"The source is empty: write {language} with TORCH_LIBRARY / "
+                "TORCH_LIBRARY_IMPL blocks."
             )
         source = source.rstrip() + "\n"
         name = _library_name(name, source)
