@@ -74,6 +74,10 @@ class CacheDirectoryError(BuildError):
     """The build cache directory is unsafe to load from (another owner, or open to others)."""
 
 
+class CacheFullError(BuildError):
+    """The disk that holds the build cache (or the compiler's temporary files) is full."""
+
+
 class CompileError(BuildError, Displayable):
     """The compiler rejected the source; the message shows the first error at its source line.
 

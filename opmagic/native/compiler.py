@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
 import subprocess
 import tempfile
 import time
@@ -38,7 +41,9 @@ def run_step(
     """Run ``command`` in ``cwd``, ticking ``stopwatch`` until it exits.
 
     The output goes to a temporary file, not a pipe, so a compiler that writes a lot never
-    blocks on it. Interrupting (Ctrl-C, a notebook's stop button) kills the compiler.
+    blocks on it. The command runs in a process group of its own: interrupting (Ctrl-C, a
+    notebook's stop button) kills the whole group, the driver and the ``cc1plus``, ``as``,
+    ``ld`` or ``ccache`` it started.
     """
     started = time.perf_counter()
     with tempfile.TemporaryFile("w+", errors="replace") as log:
@@ -50,6 +55,7 @@ def run_step(
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # its own process group (and no terminal's Ctrl-C)
         )
         try:
             if stdin is not None:
@@ -63,9 +69,15 @@ def run_step(
                     if stopwatch is not None:
                         stopwatch.report()
         except BaseException:
-            process.kill()
-            process.wait()
+            _kill_group(process)
             raise
         log.seek(0)
         output = log.read()
     return StepResult(tuple(command), process.returncode, output, time.perf_counter() - started)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kill ``process`` and every process it started (its group), and reap it."""
+    with contextlib.suppress(ProcessLookupError):  # the group is gone already
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()

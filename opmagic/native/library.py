@@ -150,7 +150,7 @@ def load_library(
     request, built = published_build(options, cuda, progress)
     started = time.perf_counter()
     path = built.directory / f"lib{options.name}.so"
-    native = NativeLibrary(path)
+    native = NativeLibrary(path, built.library_sha256 or None)
     site = SourceSite(built.directory / built.source_name, options.label, options.first_line)
     registration = register(native, site, replace._registration if replace is not None else None)
     return LoadedLibrary(

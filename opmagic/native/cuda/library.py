@@ -219,7 +219,7 @@ class _Context:
             self.cache,
             self.stopwatch,
             precompile=False,
-            retry_failed=False,
+            force=False,
         )
         source = rewrite_launches(options.source)
         compiled = self.nvcc(
