@@ -7,7 +7,6 @@ import os
 import shlex
 import signal
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,13 +39,15 @@ def run_step(
 ) -> StepResult:
     """Run ``command`` in ``cwd``, ticking ``stopwatch`` until it exits.
 
-    The output goes to a temporary file, not a pipe, so a compiler that writes a lot never
-    blocks on it. The command runs in a process group of its own: interrupting (Ctrl-C, a
-    notebook's stop button) kills the whole group, the driver and the ``cc1plus``, ``as``,
-    ``ld`` or ``ccache`` it started.
+    The output goes to an in-memory file (``memfd``), not a pipe, so a compiler that writes a
+    lot never blocks on it, and a full disk cannot swallow the message that says so. The
+    command runs in a process group of its own: interrupting (Ctrl-C, a notebook's stop
+    button) kills the whole group, the driver and the ``cc1plus``, ``as``, ``ld`` or
+    ``ccache`` it started.
     """
     started = time.perf_counter()
-    with tempfile.TemporaryFile("w+", errors="replace") as log:
+    output = os.memfd_create("opmagic-output", os.MFD_CLOEXEC)
+    with os.fdopen(output, "w+", errors="replace") as log:
         process = subprocess.Popen(
             command,
             cwd=cwd,

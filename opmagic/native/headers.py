@@ -232,9 +232,11 @@ def prepare_prefix(
         )
         if result.returncode != 0:
             partial.unlink(missing_ok=True)
-            no_space = NO_SPACE.search(result.output)
-            if no_space is not None:  # not a failure to remember: the next build tries again
+            if NO_SPACE.search(result.output):  # not a failure to remember: the next build retries
                 raise disk_full(f"precompiling the {header_set.name} torch headers")
+            if "error" not in result.output:  # killed, out of memory: the next build retries
+                note = f"precompiling stopped without an error message (exit {result.returncode})"
+                return Prefix(header, header_set, False, note=note)
             write_atomic(failed, f"{result.command_line}\n{result.output}")
             return Prefix(header, header_set, False, note=f"precompiling failed: {failed}")
         os.replace(partial, precompiled)
