@@ -29,7 +29,10 @@ from .dispatch import (
 from .dispatch.contexts import CallContext
 from .errors import (
     ArgumentsMismatchError,
+    ArgumentTypeError,
     BuildError,
+    CacheDirectoryError,
+    CacheFullError,
     CellSourceError,
     CompareError,
     CompileError,
@@ -41,6 +44,7 @@ from .errors import (
     OpmagicError,
     RegistrationError,
     ToolchainError,
+    UnknownDispatchKeyError,
     UnknownOperatorError,
 )
 from .native import (
@@ -83,8 +87,11 @@ def unload_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
+    "ArgumentTypeError",
     "ArgumentsMismatchError",
     "BuildError",
+    "CacheDirectoryError",
+    "CacheFullError",
     "CallContext",
     "CaseResult",
     "CellSourceError",
@@ -118,6 +125,7 @@ __all__ = [
     "SweepProgress",
     "TableEntry",
     "ToolchainError",
+    "UnknownDispatchKeyError",
     "UnknownOperatorError",
     "active_session",
     "cdiv",
