@@ -19,12 +19,17 @@ from .dispatch import (
     OverloadTables,
     Resolution,
     Step,
+    Surprise,
+    Surprises,
     TableEntry,
+    Trace,
+    TracedCall,
     dispatch_table,
     kernels,
     key_info,
     resolve,
     runtime_keys,
+    trace,
 )
 from .dispatch.contexts import CallContext
 from .errors import (
@@ -122,9 +127,13 @@ __all__ = [
     "Session",
     "SessionReport",
     "Step",
+    "Surprise",
+    "Surprises",
     "SweepProgress",
     "TableEntry",
     "ToolchainError",
+    "Trace",
+    "TracedCall",
     "UnknownDispatchKeyError",
     "UnknownOperatorError",
     "active_session",
@@ -143,4 +152,5 @@ __all__ = [
     "registration_site",
     "resolve",
     "runtime_keys",
+    "trace",
 ]

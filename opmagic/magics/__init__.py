@@ -19,6 +19,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("cuda_kernel", "CudaKernelMagics"),
     ("views", "ViewMagics"),
     ("compare", "CompareMagics"),
+    ("trace", "TraceMagics"),
 ]
 
 
@@ -32,7 +33,8 @@ def unload_ipython_extension(ipython: Any) -> None:
     """Undo :func:`load_ipython_extension` (``%unload_ext opmagic``).
 
     Every magic is removed and closed (the session last, which removes everything its cells
-    registered), even when one of them fails to close; the first failure is raised after.
+    registered), even when one of them fails to close; the first failure is raised after,
+    with the extension unloaded all the same (so that ``%load_ext opmagic`` loads it again).
     """
     failures: list[BaseException] = []
     for module, name in reversed(MAGIC_CLASSES):
@@ -47,4 +49,8 @@ def unload_ipython_extension(ipython: Any) -> None:
         except Exception as error:  # unload must finish: report the first failure after
             failures.append(error)
     if failures:
+        # IPython counts an extension whose unload raised as still loaded, which would make
+        # %load_ext a no-op while every magic is gone
+        package = __name__.partition(".")[0]
+        ipython.extension_manager.loaded.difference_update({package, __name__})
         raise failures[0]
