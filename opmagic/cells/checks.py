@@ -54,7 +54,7 @@ def check_op(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None)
     Failures are rows of the report, not exceptions; an ``op`` or arguments that cannot be
     checked raise an :class:`~opmagic.errors.OpmagicError` naming them.
     """
-    if isinstance(args, (str, bytes, dict)) or not isinstance(args, Iterable):
+    if isinstance(args, (str, bytes, dict, torch.Tensor)) or not isinstance(args, Iterable):
         raise ArgumentTypeError(
             f"check_op: args must be the sample arguments as a tuple or list, got {args!r}; "
             "write (x,) for one argument."

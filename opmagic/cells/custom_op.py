@@ -228,6 +228,14 @@ def custom_op_from_source(
         _run(tree, filename, namespace, collector, qualname)
         function = namespace[function_node.name]
         where = label_location(filename, function_node.lineno)
+        if not inspect.isfunction(function):
+            raise CellSourceError(
+                f"{where}: after the cell ran, {function_node.name} is a "
+                f"{type(function).__name__}, not the function defined here: a later line of the "
+                "cell binds the name again. Rename that other binding.",
+                filename=filename,
+                line=function_node.lineno,
+            )
         if schema is None:
             _infer_schema(function, mutates_args, where, filename, function_node.lineno)
         else:

@@ -99,12 +99,7 @@ class BuildOptions:
         if missing:
             raise BuildOptionError(f"Include directory not found: {', '.join(missing)}.")
         opt = _opt_level(opt_level)
-        if type(first_line) is not int or first_line < 1:
-            raise BuildOptionError(
-                f"first_line must be a positive line number, got {first_line!r}."
-            )
-        if label is not None and not isinstance(label, str):
-            raise BuildOptionError(f"label must be a string or None, got {label!r}.")
+        check_source_position(label, first_line)
         for what, value in (
             ("precompiled_headers", precompiled_headers),
             ("force", force),
@@ -143,6 +138,14 @@ def _library_name(name: str | None, source: str) -> str:
             f"so use at most {MAX_NAME_LENGTH}."
         )
     return name
+
+
+def check_source_position(label: object, first_line: object) -> None:
+    """``label``/``first_line`` (how messages name the source) of the right types."""
+    if type(first_line) is not int or first_line < 1:
+        raise BuildOptionError(f"first_line must be a positive line number, got {first_line!r}.")
+    if label is not None and not isinstance(label, str):
+        raise BuildOptionError(f"label must be a string or None, got {label!r}.")
 
 
 def split_flags(flags: Sequence[str] | str, what: str) -> tuple[str, ...]:

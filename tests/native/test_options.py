@@ -61,6 +61,8 @@ def _options(source: str, **overrides) -> BuildOptions:
         pytest.param(
             {"source": None}, "must be C\\+\\+ source text \\(a str\\), got NoneType", id="none"
         ),
+        pytest.param({"replace": "x"}, "replace must be the LoadedLibrary", id="replace"),
+        pytest.param({"progress": 3}, "progress must be a callable or None", id="progress"),
     ],
 )
 def test_bad_arguments_are_refused_before_building(kwargs, expected):

@@ -25,7 +25,7 @@ from ...display import Displayable
 from ...errors import BuildOptionError, CompileError, CudaToolkitError
 from ..cache import digest
 from ..diagnostics import failure_text, parse_diagnostics, where
-from ..options import include_paths, split_flags
+from ..options import check_source_position, include_paths, split_flags
 from .launcher import CudaKernel, check_signature
 from .source import KernelSignature, kernel_signatures
 from .toolkit import INSTALL_CUDA_HEADERS, cuda_include_dirs, parse_archs, running_gpu_arch
@@ -131,6 +131,7 @@ def compile_cuda_kernels(
     """
     if not isinstance(source, str) or not source.strip():
         raise BuildOptionError('The source is empty: write extern "C" __global__ kernels.')
+    check_source_position(label, first_line)
     label = label or _SOURCE_NAME
     signatures = tuple(k for k in kernel_signatures(source) if k.defined)
     _check_kernels(signatures, label, first_line)
