@@ -41,6 +41,7 @@ import re
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any
 
 import torch
@@ -222,10 +223,11 @@ def custom_op_from_source(
     function_node = _operator_function(tree, qualname, filename)
     if schema is None:
         _require_type_hints(function_node, filename)
+    code = _compile(tree, source, filename)
     previous = namespace.get(function_node.name, _UNBOUND)
     collector = _Collector(filename)
     try:
-        _run(tree, filename, namespace, collector, qualname)
+        _run(code, filename, namespace, collector, qualname)
         function = namespace[function_node.name]
         where = label_location(filename, function_node.lineno)
         if not inspect.isfunction(function):
@@ -380,13 +382,29 @@ def _parse(source: str, filename: str) -> ast.Module:
     except (RecursionError, MemoryError) as error:
         raise _too_deep(error, source, filename) from None
     except SyntaxError as error:
-        line = error.lineno or 1
-        raise CellSourceError(
-            f"{label_location(filename, line)}: SyntaxError: {error.msg}\n"
-            f"    {(error.text or '').strip()}",
-            filename=filename,
-            line=line,
-        ) from error
+        raise _syntax_error(error, filename) from error
+
+
+def _compile(tree: ast.Module, source: str, filename: str) -> CodeType:
+    """The cell's code; what only the compiler finds (``global x`` after ``x`` is bound, an
+    expression too deep for it) names its cell line as :func:`_parse` does."""
+    try:
+        return compile(tree, filename, "exec", dont_inherit=True)
+    except (RecursionError, MemoryError) as error:
+        raise _too_deep(error, source, filename) from None
+    except SyntaxError as error:
+        raise _syntax_error(error, filename) from error
+
+
+def _syntax_error(error: SyntaxError, filename: str) -> CellSourceError:
+    """A syntax error, at its cell line."""
+    line = error.lineno or 1
+    return CellSourceError(
+        f"{label_location(filename, line)}: SyntaxError: {error.msg}\n"
+        f"    {(error.text or '').strip()}",
+        filename=filename,
+        line=line,
+    )
 
 
 def _operator_function(tree: ast.Module, qualname: str, filename: str) -> ast.FunctionDef:
@@ -453,7 +471,7 @@ def _require_type_hints(node: ast.FunctionDef, filename: str) -> None:
 
 
 def _run(
-    tree: ast.Module,
+    code: CodeType,
     filename: str,
     namespace: dict[str, Any],
     collector: _Collector,
@@ -463,10 +481,6 @@ def _run(
     injected = collector.names()
     shadowed = {name: namespace[name] for name in injected if name in namespace}
     namespace.update(injected)
-    try:
-        code = compile(tree, filename, "exec", dont_inherit=True)
-    except (RecursionError, MemoryError) as error:
-        raise _too_deep(error, "".join(linecache.getlines(filename)), filename) from None
     try:
         exec(code, namespace)
     except CellSourceError:

@@ -264,6 +264,12 @@ BAD_INPUT = [
         CellSourceError,
     ),
     (
+        "%%custom_op t_bad::op\ndef op(x: Tensor) -> Tensor:\n    return x\nglobal op\n",
+        "SyntaxError: name 'op' is assigned to before global declaration",
+        4,
+        CellSourceError,
+    ),
+    (
         "%%custom_op t_bad::op\ndef op(x: Tensor) -> Tensor:\n    return x\nop = 3\n",
         "after the cell ran, op is a int, not the function defined here",
         2,
