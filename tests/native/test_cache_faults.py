@@ -38,7 +38,7 @@ _CHILD = textwrap.dedent(
     value = getattr(torch.ops, namespace).scale(torch.ones(1)).item()
     print(json.dumps({"cached": library.build.cached, "repaired": library.build.repaired,
                       "value": value, "directory": str(library.build.directory),
-                      "summary": str(library).splitlines()[0]}))
+                      "summary": " ".join(str(library).split())}))  # unwrapped
     """
 )
 
