@@ -34,7 +34,10 @@ from .dispatch import (
 from .dispatch.contexts import CallContext
 from .errors import (
     ArgumentsMismatchError,
+    ArgumentTypeError,
     BuildError,
+    CacheDirectoryError,
+    CacheFullError,
     CellSourceError,
     CompareError,
     CompileError,
@@ -46,6 +49,7 @@ from .errors import (
     OpmagicError,
     RegistrationError,
     ToolchainError,
+    UnknownDispatchKeyError,
     UnknownOperatorError,
 )
 from .native import (
@@ -88,8 +92,11 @@ def unload_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
+    "ArgumentTypeError",
     "ArgumentsMismatchError",
     "BuildError",
+    "CacheDirectoryError",
+    "CacheFullError",
     "CallContext",
     "CaseResult",
     "CellSourceError",
@@ -127,6 +134,7 @@ __all__ = [
     "ToolchainError",
     "Trace",
     "TracedCall",
+    "UnknownDispatchKeyError",
     "UnknownOperatorError",
     "active_session",
     "cdiv",

@@ -8,6 +8,11 @@ from .display import Displayable
 class OpmagicError(Exception):
     """Base class of every error opmagic raises on purpose."""
 
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of a traceback: the message says what is wrong and how to
+        fix it, and opmagic's frames would only hide it (``%debug`` still has them)."""
+        return [f"{type(self).__name__}: {self}"]
+
 
 class UnknownOperatorError(OpmagicError, LookupError):
     """An operator or overload name that the dispatcher does not know."""
@@ -15,6 +20,14 @@ class UnknownOperatorError(OpmagicError, LookupError):
 
 class NotAnOperatorError(OpmagicError, TypeError):
     """Something passed where an operator was expected that cannot name one."""
+
+
+class ArgumentTypeError(OpmagicError, TypeError):
+    """An argument of a public function that has the wrong type; the message says what it takes."""
+
+
+class UnknownDispatchKeyError(OpmagicError, LookupError):
+    """A dispatch key name that this torch does not have."""
 
 
 class ArgumentsMismatchError(OpmagicError, TypeError):
@@ -74,6 +87,10 @@ class CacheDirectoryError(BuildError):
     """The build cache directory is unsafe to load from (another owner, or open to others)."""
 
 
+class CacheFullError(BuildError):
+    """The disk that holds the build cache (or the compiler's temporary files) is full."""
+
+
 class CompileError(BuildError, Displayable):
     """The compiler rejected the source; the message shows the first error at its source line.
 
@@ -102,10 +119,6 @@ class CompileError(BuildError, Displayable):
         self.label = label
         self.first_line = first_line
 
-    def _render_traceback_(self) -> list[str]:
-        """IPython shows this instead of a Python traceback: the error is in C++, not here."""
-        return [f"{type(self).__name__}: {self}"]
-
 
 class LoadError(BuildError):
     """A built library could not be loaded (an undefined symbol, a foreign build)."""
@@ -120,7 +133,3 @@ class RegistrationError(OpmagicError):
     def __init__(self, message: str, *, line: int | None = None) -> None:
         super().__init__(message)
         self.line = line
-
-    def _render_traceback_(self) -> list[str]:
-        """IPython shows this instead of a Python traceback: the error is torch's verdict."""
-        return [f"{type(self).__name__}: {self}"]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .._torch import custom_op_state
+from ..dispatch.ops import op_ref
+from ..dispatch.resolve.binding import select_overload
 from ..display import Displayable
+from ..errors import ArgumentTypeError
 
 
 @dataclass(frozen=True)
@@ -46,16 +49,36 @@ def check_op(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None)
     """Run ``torch.library.opcheck`` on ``op(*args, **kwargs)``; for an op made with
     ``custom_op`` that has a backward, also ``torch.autograd.gradcheck`` in float64.
 
-    Failures are rows of the report, not exceptions.
+    ``op``: what :func:`opmagic.resolve` takes: ``"ns::name"`` or ``"ns::name.overload"``, a
+    ``torch.ops`` object or a custom op (a packet's overload is chosen from the arguments).
+    Failures are rows of the report, not exceptions; an ``op`` or arguments that cannot be
+    checked raise an :class:`~opmagic.errors.OpmagicError` naming them.
     """
+    if isinstance(args, (str, bytes, dict, torch.Tensor)) or not isinstance(args, Iterable):
+        raise ArgumentTypeError(
+            f"check_op: args must be the sample arguments as a tuple or list, got {args!r}; "
+            "write (x,) for one argument."
+        )
+    if kwargs is not None and (
+        not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs)
+    ):
+        raise ArgumentTypeError(
+            f"check_op: kwargs must be a dict of keyword arguments by name, got {kwargs!r}."
+        )
     args = tuple(args)
     kwargs = dict(kwargs or {})
-    outcomes = torch.library.opcheck(op, args, kwargs, raise_exception=False)
-    rows = [_opcheck_row(name, outcome) for name, outcome in outcomes.items()]
-    opdef = op if custom_op_state.is_custom_op_def(op) else None
+    if custom_op_state.is_custom_op_def(op):
+        target, opdef, name = op, op, op._qualname
+    else:
+        ref = op_ref(op)
+        if ref.overload is None:
+            ref = ref.with_overload(select_overload(ref, args, kwargs))
+        target, name = ref.op_overload(), ref.dispatcher_name
+        opdef = custom_op_state.custom_op_def(ref.qualname) if ref.overload == "" else None
+    outcomes = torch.library.opcheck(target, args, kwargs, raise_exception=False)
+    rows = [_opcheck_row(check, outcome) for check, outcome in outcomes.items()]
     if opdef is not None and custom_op_state.custom_op_parts(opdef)["backward"] is not None:
-        rows.append(_gradcheck(op, args, kwargs))
-    name = getattr(opdef, "_qualname", None) or str(op)
+        rows.append(_gradcheck(target, args, kwargs))
     return CheckReport(name, describe_arguments(args, kwargs), tuple(rows))
 
 

@@ -267,13 +267,22 @@ def compare(
     candidate_fn, candidate_name = as_callable(candidate, "candidate")
     reference_fn, reference_name = as_callable(reference, "reference")
     if names is not None:
+        if not (
+            isinstance(names, (list, tuple))
+            and len(names) == 2
+            and all(isinstance(n, str) for n in names)
+        ):
+            raise CompareError(f"names must be two labels, (candidate, reference); got {names!r}.")
         candidate_name, reference_name = names
+    for what, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise CompareError(f"{what} must be a number or None, got {value!r}.")
     if (rtol is None) != (atol is None):
         raise CompareError(
             "Give rtol and atol together (torch.testing.assert_close needs both), or neither "
             "to use torch's default tolerances for each dtype."
         )
-    if min_run_time <= 0:
+    if not isinstance(min_run_time, (int, float)) or not min_run_time > 0:
         raise CompareError(f"min_run_time is seconds to measure, above 0; got {min_run_time}.")
     cases = _plan(inputs, sizes, dtypes, devices)
     tolerances = (
@@ -360,6 +369,9 @@ def _plan(
     devices: Iterable[torch.device | str] | None,
 ) -> list[_Case]:
     """The sweep's cases: device x dtype x size through the builder, or the given list."""
+    for what, value in (("sizes", sizes), ("dtypes", dtypes), ("devices", devices)):
+        if value is not None and (isinstance(value, str) or not isinstance(value, Iterable)):
+            raise CompareError(f"{what} must be a list (or None for the default), got {value!r}.")
     if callable(inputs):
         size_list = _sizes(sizes)
         dtype_list = [_dtype(d) for d in (dtypes or [torch.float32])]

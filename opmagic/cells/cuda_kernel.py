@@ -33,7 +33,7 @@ from .._torch import custom_op_state, dispatcher, library_hooks
 from ..dispatch import DispatchTable, dispatch_table
 from ..dispatch.sites import label_location
 from ..display import Displayable
-from ..errors import CellSourceError, ForeignOperatorError
+from ..errors import ArgumentTypeError, CellSourceError, ForeignOperatorError
 from ..native.cuda.launcher import cdiv
 from ..native.cuda.nvrtc import CudaKernels, compile_cuda_kernels
 from .custom_op import parse_operator_name
@@ -113,6 +113,11 @@ def cuda_kernel_from_source(
     where the source is (IPython's cell file, whose line 1 holds the magic and its launch spec).
     Errors raise :class:`~opmagic.errors.CompileError` or :class:`CellSourceError` at the line.
     """
+    if namespace is not None and not isinstance(namespace, dict):
+        raise ArgumentTypeError(
+            f"cuda_kernel_from_source: namespace must be a dict (where the launchers are bound) "
+            f"or None, got {type(namespace).__name__}."
+        )
     kernels = compile_cuda_kernels(
         source,
         arch=arch,

@@ -35,11 +35,13 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import inspect
 import linecache
 import re
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any
 
 import torch
@@ -49,7 +51,7 @@ from ..dispatch import DispatchTable, dispatch_table
 from ..dispatch.ops import OpRef, is_identifier, overloads_of
 from ..dispatch.sites import label_location
 from ..display import Displayable
-from ..errors import CellSourceError, ForeignOperatorError, OperatorNameError
+from ..errors import ArgumentTypeError, CellSourceError, ForeignOperatorError, OperatorNameError
 from .checks import CheckReport, check_op
 from .session import active_session, foreign_operator_message, registration_site
 
@@ -145,6 +147,14 @@ class _Collector:
     def torch_dispatch(self, cls: type) -> Callable[[Callable], Callable]:
         """``@torch_dispatch(Mode)``: the rule under a mode or tensor subclass."""
         self._expect_arguments("torch_dispatch", cls, "@torch_dispatch(MyMode)")
+        if not isinstance(cls, type):
+            line = _caller_line(self.filename)
+            raise CellSourceError(
+                f"{label_location(self.filename, line)}: @torch_dispatch takes a "
+                f"TorchDispatchMode subclass or a tensor subclass, got {cls!r:.60}.",
+                filename=self.filename,
+                line=line,
+            )
         return lambda function: self._record("torch_dispatch", function, cls)
 
     def autocast(self, device_type: str, cast_inputs: torch.dtype) -> None:
@@ -193,6 +203,15 @@ def custom_op_from_source(
     tables (IPython passes the cell's). The operator is bound in ``namespace`` under the
     function's name. Problems with the source raise :class:`CellSourceError` naming the line.
     """
+    _check_arguments(source, name, namespace, filename, schema, check)
+    _check_names("mutates_args", mutates_args, "argument names or 'unknown'")
+    if device_types is not None:
+        _check_names("device_types", device_types, "device types such as 'cpu' or None")
+    tags = tuple(tags) if isinstance(tags, Iterable) and not isinstance(tags, str) else tags
+    if not isinstance(tags, tuple) or not all(isinstance(t, torch.Tag) for t in tags):
+        raise ArgumentTypeError(
+            f"custom_op_from_source: tags must be torch.Tag members, got {tags!r:.60}."
+        )
     qualname = parse_operator_name(name)
     if filename is None:  # a name of our own: tracebacks and messages read the source from here
         filename = f"<custom_op {qualname}>"
@@ -204,14 +223,25 @@ def custom_op_from_source(
     function_node = _operator_function(tree, qualname, filename)
     if schema is None:
         _require_type_hints(function_node, filename)
+    code = _compile(tree, source, filename)
     previous = namespace.get(function_node.name, _UNBOUND)
     collector = _Collector(filename)
     try:
-        _run(tree, filename, namespace, collector, qualname)
+        _run(code, filename, namespace, collector, qualname)
         function = namespace[function_node.name]
         where = label_location(filename, function_node.lineno)
+        if not inspect.isfunction(function):
+            raise CellSourceError(
+                f"{where}: after the cell ran, {function_node.name} is a "
+                f"{type(function).__name__}, not the function defined here: a later line of the "
+                "cell binds the name again. Rename that other binding.",
+                filename=filename,
+                line=function_node.lineno,
+            )
         if schema is None:
             _infer_schema(function, mutates_args, where, filename, function_node.lineno)
+        else:
+            _check_schema_fits(function, schema, qualname, where, filename, function_node.lineno)
         notes = _replacement_notes(qualname)
         op = _make_op(qualname, function, mutates_args, device_types, schema, tags, filename)
         _apply_companions(op, collector.companions, filename)
@@ -229,6 +259,38 @@ def custom_op_from_source(
     if check is not None:
         result.checks = _run_check(op, check, namespace, filename)
     return result
+
+
+def _check_arguments(
+    source: Any, name: Any, namespace: Any, filename: Any, schema: Any, check: Any
+) -> None:
+    """Arguments of :func:`custom_op_from_source` of the wrong type, named."""
+    expected = (
+        ("source", source, str, "the cell's Python source"),
+        ("name", name, str, "'namespace::name'"),
+        ("namespace", namespace, (dict, type(None)), "a dict or None"),
+        ("filename", filename, (str, type(None)), "a str or None"),
+        ("schema", schema, (str, type(None)), "a str such as '(Tensor x) -> Tensor', or None"),
+        ("check", check, (str, type(None)), "a Python expression (str) or None"),
+    )
+    for what, value, kind, takes in expected:
+        if not isinstance(value, kind):
+            raise ArgumentTypeError(
+                f"custom_op_from_source: {what} must be {takes}, got {type(value).__name__} "
+                f"{value!r:.60}."
+            )
+
+
+def _check_names(what: str, value: Any, takes: str) -> None:
+    """``value`` is one name (a str) or an iterable of names (a collection's are checked)."""
+    collection = isinstance(value, (list, tuple, set, frozenset))
+    if isinstance(value, str) or (
+        isinstance(value, Iterable)
+        and not isinstance(value, (bytes, dict))
+        and (not collection or all(isinstance(item, str) for item in value))
+    ):
+        return
+    raise ArgumentTypeError(f"custom_op_from_source: {what} must be {takes}, got {value!r:.60}.")
 
 
 def parse_operator_name(name: str) -> str:
@@ -317,14 +379,32 @@ def _parse(source: str, filename: str) -> ast.Module:
     """The cell's syntax tree; a syntax error names its cell line."""
     try:
         return ast.parse(source, filename)
+    except (RecursionError, MemoryError) as error:
+        raise _too_deep(error, source, filename) from None
     except SyntaxError as error:
-        line = error.lineno or 1
-        raise CellSourceError(
-            f"{label_location(filename, line)}: SyntaxError: {error.msg}\n"
-            f"    {(error.text or '').strip()}",
-            filename=filename,
-            line=line,
-        ) from error
+        raise _syntax_error(error, filename) from error
+
+
+def _compile(tree: ast.Module, source: str, filename: str) -> CodeType:
+    """The cell's code; what only the compiler finds (``global x`` after ``x`` is bound, an
+    expression too deep for it) names its cell line as :func:`_parse` does."""
+    try:
+        return compile(tree, filename, "exec", dont_inherit=True)
+    except (RecursionError, MemoryError) as error:
+        raise _too_deep(error, source, filename) from None
+    except SyntaxError as error:
+        raise _syntax_error(error, filename) from error
+
+
+def _syntax_error(error: SyntaxError, filename: str) -> CellSourceError:
+    """A syntax error, at its cell line."""
+    line = error.lineno or 1
+    return CellSourceError(
+        f"{label_location(filename, line)}: SyntaxError: {error.msg}\n"
+        f"    {(error.text or '').strip()}",
+        filename=filename,
+        line=line,
+    )
 
 
 def _operator_function(tree: ast.Module, qualname: str, filename: str) -> ast.FunctionDef:
@@ -391,7 +471,7 @@ def _require_type_hints(node: ast.FunctionDef, filename: str) -> None:
 
 
 def _run(
-    tree: ast.Module,
+    code: CodeType,
     filename: str,
     namespace: dict[str, Any],
     collector: _Collector,
@@ -402,7 +482,7 @@ def _run(
     shadowed = {name: namespace[name] for name in injected if name in namespace}
     namespace.update(injected)
     try:
-        exec(compile(tree, filename, "exec", dont_inherit=True), namespace)
+        exec(code, namespace)
     except CellSourceError:
         raise
     except Exception as error:
@@ -412,6 +492,49 @@ def _run(
             if namespace.get(name) is injected[name]:
                 del namespace[name]
         namespace.update(shadowed)
+
+
+def _too_deep(error: BaseException, source: str, filename: str) -> CellSourceError:
+    """The error for a cell Python cannot parse or compile for its size or nesting (pointing
+    at its longest line: Python does not say which)."""
+    lines = source.splitlines() or [""]
+    line = max(range(len(lines)), key=lambda index: len(lines[index])) + 1
+    return CellSourceError(
+        f"{label_location(filename, line)}: the code is too deeply nested or too long an "
+        f"expression for Python to compile ({type(error).__name__}). Split the expression into "
+        "steps (intermediate variables, or sum() over a list).",
+        filename=filename,
+        line=line,
+    )
+
+
+def _check_schema_fits(
+    function: Callable, schema: str, qualname: str, where: str, filename: str, line: int
+) -> None:
+    """``schema``'s arguments against the function's parameters: they must be as many, and
+    the keyword-only ones the same (the op passes its arguments to the function so)."""
+    try:
+        parsed = dispatcher.parse_schema(f"{qualname}{schema.strip()}")
+        signature = inspect.signature(function)
+    except (RuntimeError, ValueError, TypeError):
+        return  # torch.library.custom_op reports a schema that does not parse
+    parameters = list(signature.parameters.values())
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+        return
+    keyword_only = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
+    schema_keyword_only = [a.name for a in parsed.arguments if a.kwarg_only]
+    if len(parameters) == len(parsed.arguments) and keyword_only == schema_keyword_only:
+        return
+    arguments = ", ".join(f"{a.type} {a.name}" for a in parsed.arguments)
+    params = ", ".join(str(p) for p in parameters)
+    raise CellSourceError(
+        f"{where}: the schema {schema.strip()!r} does not fit {function.__name__}(): it has "
+        f"{len(parsed.arguments)} argument(s) ({arguments}), the function "
+        f"{len(parameters)} parameter(s) ({params}), keyword-only ones included. Make them "
+        "match, or leave out --schema to infer it from the type hints.",
+        filename=filename,
+        line=line,
+    )
 
 
 def _cell_error(error: BaseException, filename: str, qualname: str) -> CellSourceError:

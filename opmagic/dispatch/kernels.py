@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .._torch import custom_op_state, dispatcher
-from ..errors import OpmagicError
+from ..errors import ArgumentTypeError, OpmagicError, UnknownDispatchKeyError
 from .keys import catalogue
 from .ops import op_ref
 from .sites import label_site
@@ -71,6 +71,9 @@ def kernels(
     """
     import pandas as pd
 
+    for what, value in (("namespace", namespace), ("missing", missing)):
+        if value is not None and not isinstance(value, str):
+            raise ArgumentTypeError(f"kernels: {what} must be a str or None, got {value!r}.")
     wanted = _keys(keys)
     if missing is not None and missing not in wanted:
         wanted += _keys([missing])
@@ -164,7 +167,11 @@ def _keys(keys: Iterable[str] | str | None) -> list[str]:
             keys = list(key_catalogue.by_name)
         else:
             keys = [k.strip() for k in keys.split(",")]
+    if isinstance(keys, (bytes, bytearray)) or not isinstance(keys, Iterable):
+        raise ArgumentTypeError(f"kernels: keys must be key names or 'all', got {keys!r}.")
     wanted = list(keys)
+    if not all(isinstance(k, str) for k in wanted):
+        raise ArgumentTypeError(f"kernels: keys must be key names (str), got {wanted!r}.")
     unknown = [k for k in wanted if k not in key_catalogue.by_name]
     if unknown:
         aliases = [k for k in unknown if k in key_catalogue.aliases]
@@ -175,7 +182,9 @@ def _keys(keys: Iterable[str] | str | None) -> list[str]:
             if aliases
             else " Runtime keys look like CPU, CUDA, Meta, AutogradCPU, AutocastCUDA, Python."
         )
-        raise OpmagicError(f"Unknown dispatch key {', '.join(map(repr, unknown))}.{hint}")
+        raise UnknownDispatchKeyError(
+            f"Unknown dispatch key {', '.join(map(repr, unknown))}.{hint}"
+        )
     return wanted
 
 

@@ -9,10 +9,12 @@ Keysets are handled as raw ``int`` bits with the same algebra as ``c10::Dispatch
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from dataclasses import dataclass
 
 from .._torch import dispatcher
+from ..errors import ArgumentTypeError, UnknownDispatchKeyError
 
 CATEGORIES = (
     "python & modes",
@@ -344,7 +346,20 @@ def catalogue() -> KeyCatalogue:
 
 def key_info(name: str) -> KeyInfo:
     """Category, priority and explanation of one dispatch key (runtime or alias)."""
-    return catalogue().info(name)
+    if not isinstance(name, str):
+        raise ArgumentTypeError(
+            f"key_info takes a dispatch key's name (a str such as 'CPU'), got {name!r}."
+        )
+    known = catalogue()
+    try:
+        return known.info(name)
+    except KeyError:
+        by_lower = {n.lower(): n for n in [*known.by_name, *known.aliases, "Undefined"]}
+        close = [by_lower[n] for n in difflib.get_close_matches(name.lower(), list(by_lower), n=3)]
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UnknownDispatchKeyError(
+            f"This torch has no dispatch key {name!r}.{hint} runtime_keys() lists them all."
+        ) from None
 
 
 def runtime_keys() -> list[KeyInfo]:

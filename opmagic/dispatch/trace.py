@@ -25,7 +25,7 @@ import torch
 
 from .._torch import custom_op_state, dispatcher, op_observer
 from ..display import Displayable
-from ..errors import OpmagicError
+from ..errors import ArgumentTypeError, OpmagicError
 from .ops import OpParameter, op_parameters, op_ref
 from .resolve import Step, resolve
 from .sites import parse_site
@@ -252,10 +252,10 @@ def trace(fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any) ->
     """
     if fn is None:
         if args or kwargs:
-            raise TypeError("trace() takes arguments only after the function to trace")
+            raise ArgumentTypeError("trace() takes arguments only after the function to trace")
         return _TraceBlock()
     if not callable(fn):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"trace() needs a function to run, got {type(fn).__name__}. Pass the function and "
             "its arguments, trace(model, x), or use the block form: with opmagic.trace() as t:"
         )

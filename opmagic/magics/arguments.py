@@ -10,6 +10,7 @@ CLI's ``resolve`` share :data:`CONTEXT_OPTIONS`.
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -65,18 +66,94 @@ def add_options(parser: argparse.ArgumentParser, bundle: tuple[Option, ...]) -> 
 
 
 def parse_options(magic: Callable[..., Any], line: str) -> argparse.Namespace:
-    """A magic's parsed option line (``@magic_arguments``), a trailing ``# comment`` left out
-    as it is in Python, so that a line can carry a note like the rest of a cell."""
-    from IPython.core.magic_arguments import parse_argstring
+    """A magic's parsed option line (``@magic_arguments``), split as a shell would.
 
-    return parse_argstring(magic, without_comment(line))
+    Quotes group a value and are removed (``--cflags="-DA=1 -DB=2"``, ``-I "/dir with
+    space"``); a trailing ``# comment`` is left out, as in Python, so that a line can carry a
+    note like the rest of a cell; an option that takes a value takes the next word even when
+    it starts with ``-`` (``--cflags -O3``). A line that cannot be split is a UsageError.
+    """
+    parser = magic.parser
+    return parser.parse_args(_attach_values(parser, split_words(without_comment(line))))
+
+
+def split_words(line: str) -> list[str]:
+    """The words of an option line, as ``sh`` splits them; a UsageError when it cannot."""
+    from IPython.core.error import UsageError
+
+    try:
+        return shlex.split(line)
+    except ValueError as error:
+        quote = next((q for q in ("'", '"') if _unclosed(line, q)), None)
+        cause = (
+            f"a {quote} quote is never closed"
+            if quote is not None
+            else "it ends with a backslash that escapes nothing"
+        )
+        raise UsageError(
+            f"cannot split the option line {line!r}: {cause} ({error}). Quote a value that "
+            'holds spaces as a whole, e.g. --cflags="-DA=1 -DB=2".'
+        ) from None
+
+
+def _unclosed(line: str, quote: str) -> bool:
+    """Whether ``quote`` opens a quoted part of ``line`` that never closes (shell rules)."""
+    inside: str | None = None
+    escaped = False
+    for char in line:
+        if escaped:
+            escaped = False
+        elif char == "\\" and inside != "'":
+            escaped = True
+        elif inside is None and char in "'\"":
+            inside = char
+        elif char == inside:
+            inside = None
+    return inside == quote
+
+
+def _attach_values(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
+    """``--cflags -O3`` as ``--cflags=-O3``: argparse would take ``-O3`` for an option.
+
+    Only options that take one value are joined to a next word that starts with ``-`` and is
+    not itself one of the parser's options.
+    """
+    takes_one = {
+        flag
+        for action in parser._actions
+        if action.nargs is None
+        for flag in action.option_strings
+    }
+    known = set(parser._option_string_actions)
+    attached: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        following = words[index + 1] if index + 1 < len(words) else None
+        if (
+            word in takes_one
+            and following is not None
+            and following.startswith("-")
+            and following.split("=", 1)[0] not in known
+        ):
+            attached.append(f"{word}={following}")
+            index += 2
+        else:
+            attached.append(word)
+            index += 1
+    return attached
 
 
 def without_comment(line: str) -> str:
     """``line`` up to a ``#`` that starts a word outside quotes (a shell-style comment)."""
     quote = None
+    escaped = False
     for index, char in enumerate(line):
-        if quote is not None:
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote is not None:
             quote = None if char == quote else quote
         elif char in "'\"":
             quote = char
@@ -85,11 +162,11 @@ def without_comment(line: str) -> str:
     return line
 
 
-def unquote(text: str | None) -> str | None:
-    """An option value without the quotes IPython's argument splitting leaves on it."""
-    if text is not None and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
+def joined(values: list[str] | str | None) -> str:
+    """The words of a repeatable option (``--cflags A --cflags B``) as one flags string."""
+    if values is None:
+        return ""
+    return values if isinstance(values, str) else " ".join(values)
 
 
 # ---------------------------------------------------------------- the thread-local context
@@ -176,17 +253,21 @@ BUILD_OPTIONS: tuple[Option, ...] = (
     Option(
         ("--cflags",),
         {
-            "default": "",
+            "action": "append",
+            "default": [],
             "metavar": "FLAGS",
-            "help": 'extra compiler flags, one string: --cflags="-DFOO=1 -march=native"',
+            "help": "extra compiler flags, split as a shell would (repeatable): "
+            '--cflags="-DFOO=1 -march=native"',
         },
     ),
     Option(
         ("--ldflags",),
         {
-            "default": "",
+            "action": "append",
+            "default": [],
             "metavar": "FLAGS",
-            "help": 'extra linker flags, one string: --ldflags="-L/opt/lib -lfoo"',
+            "help": "extra linker flags, split as a shell would (repeatable): "
+            '--ldflags="-L/opt/lib -lfoo"',
         },
     ),
     Option(
@@ -212,8 +293,8 @@ def build_keywords(options: argparse.Namespace) -> dict[str, Any]:
     """``compile_library`` keywords from parsed :data:`BUILD_OPTIONS`."""
     return {
         "name": options.name,
-        "extra_cflags": unquote(options.cflags) or "",
-        "extra_ldflags": unquote(options.ldflags) or "",
+        "extra_cflags": joined(options.cflags),
+        "extra_ldflags": joined(options.ldflags),
         "include_dirs": options.include_dirs,
         "opt_level": options.opt_level,
         "precompiled_headers": options.precompiled_headers,

@@ -22,7 +22,7 @@ from ..cells.custom_op import CustomOpResult
 from ..dispatch.ops import is_operator_name
 from ..errors import OpmagicError
 from ..native import LoadedLibrary
-from .arguments import parse_options, unquote
+from .arguments import parse_options
 
 _EXAMPLE = "%compare my_add torch.add --inputs make_inputs --sizes 1024 65536"
 _CELL_EXAMPLE = '--compare "torch.add --inputs make_inputs --sizes 1024 65536"'
@@ -113,7 +113,7 @@ def run_compare(shell: Any, line: str, magic: str, cell_result: Any = None) -> C
     except UsageError as error:  # argparse's message, without the magic's name
         example = _CELL_EXAMPLE if magic.endswith("--compare") else _EXAMPLE
         raise UsageError(f"{magic}: {error}. Write e.g. {example}") from None
-    functions = [unquote(text) or "" for text in args.functions]
+    functions = list(args.functions)
     if cell_result is not None and len(functions) == 1:
         candidate, candidate_name = _cell_candidate(cell_result, functions[0], magic)
         functions = [candidate_name, *functions]
@@ -125,12 +125,10 @@ def run_compare(shell: Any, line: str, magic: str, cell_result: Any = None) -> C
     else:
         candidate = _evaluate(shell, functions[0], "the candidate", magic)
     reference = _evaluate(shell, functions[1], "the reference", magic)
-    inputs = _evaluate(shell, unquote(args.inputs) or "", "--inputs", magic)
+    inputs = _evaluate(shell, args.inputs, "--inputs", magic)
     sizes = None
     if args.sizes:
-        sizes = list(
-            _flatten(_evaluate(shell, unquote(s) or "", "--sizes", magic) for s in args.sizes)
-        )
+        sizes = list(_flatten(_evaluate(shell, s, "--sizes", magic) for s in args.sizes))
     try:
         return compare(
             candidate,
@@ -158,7 +156,7 @@ def compare_cell(shell: Any, spec: str | None, result: Any, magic: str) -> Any:
     """
     if spec is not None:
         try:
-            display(run_compare(shell, unquote(spec) or "", f"{magic} --compare", result))
+            display(run_compare(shell, spec, f"{magic} --compare", result))
         except UsageError as error:
             print(f"UsageError: {error}", file=sys.stderr)
     return result
@@ -214,4 +212,4 @@ def _names(tokens: list[str] | None) -> list[str] | None:
     """``["float32", "float16"]`` from ``float32 float16`` or ``float32,float16``."""
     if not tokens:
         return None
-    return [name for token in tokens for name in (unquote(token) or "").split(",") if name]
+    return [name for token in tokens for name in token.split(",") if name]

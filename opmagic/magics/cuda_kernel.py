@@ -26,8 +26,8 @@ from .arguments import (
     COMPARE_OPTIONS,
     build_keywords,
     given_build_options,
+    joined,
     parse_options,
-    unquote,
     with_options,
 )
 from .compare import compare_cell
@@ -49,9 +49,11 @@ class CudaKernelMagics(Magics):
     )
     @argument(
         "--flags",
-        default="",
+        action="append",
+        default=[],
         metavar="FLAGS",
-        help='extra NVRTC (quick path) or nvcc (full path) flags, one string: --flags="-DN=4"',
+        help="extra NVRTC (quick path) or nvcc (full path) flags, split as a shell would "
+        '(repeatable): --flags="-DN=4 --use_fast_math"',
     )
     @argument(
         "--op",
@@ -133,9 +135,9 @@ class CudaKernelMagics(Magics):
         build = functools.partial(
             compile_cuda_library,
             cell,
-            arch=unquote(args.arch),
+            arch=args.arch,
             whole=args.whole,
-            nvcc_flags=unquote(args.flags) or "",
+            nvcc_flags=joined(args.flags),
             **build_keywords(args),
         )
         return load_library_cell(self.shell, cell, "%%cuda_kernel", build)
@@ -148,11 +150,11 @@ class CudaKernelMagics(Magics):
         try:
             result = cuda_kernel_from_source(
                 cell,
-                op=unquote(args.op),
-                launch=unquote(args.launch),
-                schema=unquote(args.schema),
-                arch=unquote(args.arch),
-                nvrtc_flags=unquote(args.flags) or "",
+                op=args.op,
+                launch=args.launch,
+                schema=args.schema,
+                arch=args.arch,
+                nvrtc_flags=joined(args.flags),
                 include_dirs=args.include_dirs,
                 namespace=shell.user_ns,
                 filename=filename,

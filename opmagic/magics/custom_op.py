@@ -9,7 +9,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.custom_op import CustomOpResult, custom_op_from_source
 from ..errors import OpmagicError
-from .arguments import COMPARE_OPTIONS, parse_options, unquote, with_options
+from .arguments import COMPARE_OPTIONS, parse_options, with_options
 from .compare import compare_cell
 from .session import running_cell_number
 
@@ -104,8 +104,8 @@ class CustomOpMagics(Magics):
                 return torch.empty_like(x)
         """
         args = parse_options(self.custom_op, line)
-        mutates = unquote(args.mutates_args) or ""
-        device_types = unquote(args.device_types)
+        mutates = args.mutates_args
+        device_types = args.device_types
         devices = _names(device_types) if device_types is not None else None
         source = f"# %%custom_op {line}\n{cell}"
         shell = self.shell
@@ -116,11 +116,11 @@ class CustomOpMagics(Magics):
                 args.name,
                 mutates_args="unknown" if mutates.strip() == "unknown" else _names(mutates),
                 device_types=devices[0] if devices and len(devices) == 1 else devices,
-                schema=unquote(args.schema),
-                tags=_tags(unquote(args.tags) or ""),
+                schema=args.schema,
+                tags=_tags(args.tags),
                 namespace=shell.user_ns,
                 filename=filename,
-                check=unquote(args.check),
+                check=args.check,
             )
         except OpmagicError as error:
             raise UsageError(f"%%custom_op {args.name}: {error}") from error

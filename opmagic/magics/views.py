@@ -114,16 +114,38 @@ class ViewMagics(Magics):
         args: list[Any] = []
         for node in call.args:
             if isinstance(node, ast.Starred):
-                args.extend(self._evaluate(node.value))
+                args.extend(self._unpacked(node.value, "*"))
             else:
                 args.append(self._evaluate(node))
         kwargs: dict[str, Any] = {}
         for keyword in call.keywords:
             if keyword.arg is None:
-                kwargs.update(self._evaluate(keyword.value))
+                kwargs.update(self._unpacked(keyword.value, "**"))
             else:
                 kwargs[keyword.arg] = self._evaluate(keyword.value)
         return op, args, kwargs
+
+    def _unpacked(self, node: ast.expr, stars: str) -> Any:
+        """The value of ``*node`` (a list of arguments) or ``**node`` (keyword arguments)."""
+        value = self._evaluate(node)
+        text = f"{stars}{ast.unparse(node)}"
+        try:
+            if stars == "*":
+                return list(value)
+            unpacked = dict(value)
+        except (TypeError, ValueError) as exc:
+            what = "an iterable of arguments" if stars == "*" else "a mapping of keyword arguments"
+            raise UsageError(
+                f"%dispatch cannot unpack {text}: it needs {what}, and "
+                f"{ast.unparse(node)!r} is a {type(value).__name__} ({exc})."
+            ) from None
+        names = [name for name in unpacked if not isinstance(name, str)]
+        if names:
+            raise UsageError(
+                f"%dispatch cannot unpack {text}: keyword arguments are named by strings, and "
+                f"it has the keys {', '.join(map(repr, names))}."
+            )
+        return unpacked
 
     def _evaluate(self, node: ast.expr) -> Any:
         """One sub-expression, evaluated in the user namespace."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +39,15 @@ def run_step(
 ) -> StepResult:
     """Run ``command`` in ``cwd``, ticking ``stopwatch`` until it exits.
 
-    The output goes to a temporary file, not a pipe, so a compiler that writes a lot never
-    blocks on it. Interrupting (Ctrl-C, a notebook's stop button) kills the compiler.
+    The output goes to an in-memory file (``memfd``), not a pipe, so a compiler that writes a
+    lot never blocks on it, and a full disk cannot swallow the message that says so. The
+    command runs in a process group of its own: interrupting (Ctrl-C, a notebook's stop
+    button) kills the whole group, the driver and the ``cc1plus``, ``as``, ``ld`` or
+    ``ccache`` it started.
     """
     started = time.perf_counter()
-    with tempfile.TemporaryFile("w+", errors="replace") as log:
+    output = os.memfd_create("opmagic-output", os.MFD_CLOEXEC)
+    with os.fdopen(output, "w+", errors="replace") as log:
         process = subprocess.Popen(
             command,
             cwd=cwd,
@@ -50,6 +56,7 @@ def run_step(
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # its own process group (and no terminal's Ctrl-C)
         )
         try:
             if stdin is not None:
@@ -63,9 +70,15 @@ def run_step(
                     if stopwatch is not None:
                         stopwatch.report()
         except BaseException:
-            process.kill()
-            process.wait()
+            _kill_group(process)
             raise
         log.seek(0)
         output = log.read()
     return StepResult(tuple(command), process.returncode, output, time.perf_counter() - started)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kill ``process`` and every process it started (its group), and reap it."""
+    with contextlib.suppress(ProcessLookupError):  # the group is gone already
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()

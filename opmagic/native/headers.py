@@ -11,6 +11,7 @@ everything the source's torch includes pull in; those ``#include`` lines then co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,7 +19,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import BuildCache, digest, write_atomic
+from .cache import (
+    NO_SPACE,
+    BuildCache,
+    artifact_problem,
+    artifact_record,
+    digest,
+    disk_full,
+    fingerprint,
+    private_problem,
+    remove_path,
+    write_atomic,
+)
 from .compiler import run_step
 from .progress import Stopwatch
 from .toolchain import Toolchain
@@ -26,6 +38,7 @@ from .toolchain import Toolchain
 PREAMBLE = (Path(__file__).parent / "preamble.h").read_text()
 # Headers a set may leave to be parsed per build before a bigger set is cheaper (~5 ms each).
 MAX_UNCOVERED_FILES = 100
+PRECOMPILED_RECORD = "precompiled.json"  # size, SHA-256 and stat of prefix.h.gch when built
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 
@@ -59,6 +72,7 @@ class Prefix:
     # where macros are recorded that the user set with -D/-U and that turned out to change
     # these headers (GCC skips the precompiled header then): later builds precompile them in
     macros_file: Path | None = None
+    repaired: str = ""  # a damaged precompiled header this call found and rebuilt
 
 
 def prefix_text(header_set: HeaderSet | None) -> str:
@@ -118,7 +132,7 @@ def header_closure(
     """Every file ``headers`` include, transitively (``-M``; cached on disk)."""
     key = digest({"closure": headers, "flags": flags, **toolchain.identity()})
     path = cache.home / "prefix" / f"closure-{key}.json"
-    if path.is_file():
+    with contextlib.suppress(OSError, ValueError, TypeError):  # none yet, or damaged: redo
         return frozenset(json.loads(path.read_text()))
     text = "".join(f"#include <{h}>\n" for h in headers)
     result = run_step(
@@ -144,7 +158,7 @@ def prepare_prefix(
     stopwatch: Stopwatch,
     *,
     precompile: bool,
-    retry_failed: bool,
+    force: bool,
     search_flags: Sequence[str] = (),
 ) -> Prefix:
     """The prefix header for ``source``, precompiled (built now if missing) when possible.
@@ -153,7 +167,9 @@ def prepare_prefix(
     that macros the torch headers never look at do not cost a header build each. GCC
     refuses a precompiled header whose macros differ where it matters; such macros are
     recorded (:func:`record_macro`) and precompiled in from then on. A header set that
-    failed to precompile is compiled as plain text from then on, unless ``retry_failed``.
+    failed to precompile is compiled as plain text from then on, unless ``force``. A
+    precompiled header that is not the one recorded when it was built (size, SHA-256: see
+    :func:`_precompiled_problem`; ``force`` hashes it again whatever its stat says) is rebuilt.
     ``search_flags`` are include flags the source's compile adds (they do not change the
     precompiled header, so it is shared with sources that do not need them).
     """
@@ -174,29 +190,40 @@ def prepare_prefix(
         )
     header = directory / "prefix.h"
     if header_set is None:
-        if not header.is_file():
+        if _text_of(header) != text:  # none yet, or damaged
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             write_atomic(header, text)
         note = "precompiled headers need GCC" if precompile else "precompiled headers disabled"
         return Prefix(header, None, False, note=note)
     precompiled = directory / "prefix.h.gch"
     failed = directory / "failed.log"
-    if precompiled.is_file():
+    damage = _precompiled_problem(directory, rehash=force)
+    if damage is None:
         return Prefix(header, header_set, True, macros_file=macros_file)
-    with cache.locked(
-        f"prefix-{directory.name}", lambda pid: stopwatch.report(f"waiting for pid {pid} (headers)")
-    ):
-        if precompiled.is_file():
-            return Prefix(header, header_set, True, macros_file=macros_file)
-        if retry_failed:
+    waited = False
+
+    def on_wait(pid: str) -> None:
+        """Report waiting for the process that precompiles the same headers."""
+        nonlocal waited
+        waited = True
+        stopwatch.report(f"waiting for pid {pid} (headers)")
+
+    with cache.locked(f"prefix-{directory.name}", on_wait):
+        if (waited or not damage) and _precompiled_problem(directory, rehash=False) is None:
+            return Prefix(header, header_set, True, macros_file=macros_file)  # built meanwhile
+        if force:
             failed.unlink(missing_ok=True)
         if failed.is_file():
             return Prefix(header, header_set, False, note=f"precompiling failed: {failed}")
+        if private_problem(directory) not in (None, "it does not exist"):
+            remove_path(directory)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomic(header, text)
-        for stale in directory.glob("prefix.h.gch.*"):  # left by a killed build
+        for stale in directory.glob("prefix.h.gch*"):  # damaged, or left by a killed build
             stale.unlink()
         partial = directory / f"prefix.h.gch.{os.getpid()}"
+        if damage:
+            stopwatch.report(f"the precompiled headers were damaged ({damage}); rebuilding")
         stopwatch.report(f"precompiling the {header_set.name} torch headers (once)")
         result = run_step(
             [*toolchain.compiler, *flags, "-x", "c++-header", str(header), "-o", str(partial)],
@@ -204,10 +231,49 @@ def prepare_prefix(
             stopwatch=stopwatch,
         )
         if result.returncode != 0:
+            partial.unlink(missing_ok=True)
+            if NO_SPACE.search(result.output):  # not a failure to remember: the next build retries
+                raise disk_full(f"precompiling the {header_set.name} torch headers")
+            if "error" not in result.output:  # killed, out of memory: the next build retries
+                note = f"precompiling stopped without an error message (exit {result.returncode})"
+                return Prefix(header, header_set, False, note=note)
             write_atomic(failed, f"{result.command_line}\n{result.output}")
             return Prefix(header, header_set, False, note=f"precompiling failed: {failed}")
         os.replace(partial, precompiled)
-        return Prefix(header, header_set, True, result.seconds, macros_file=macros_file)
+        write_atomic(directory / PRECOMPILED_RECORD, json.dumps(artifact_record(precompiled)))
+        repaired = f"precompiled {header_set.name} headers rebuilt: {damage}" if damage else ""
+        return Prefix(
+            header, header_set, True, result.seconds, macros_file=macros_file, repaired=repaired
+        )
+
+
+def _text_of(path: Path) -> str | None:
+    """A file's text, or None when it cannot be read as text."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _precompiled_problem(directory: Path, *, rehash: bool) -> str | None:
+    """Why the precompiled header in ``directory`` cannot be used: "" when there is none yet,
+    else what is wrong with it; None when it is the one recorded when it was built."""
+    precompiled = directory / "prefix.h.gch"
+    if not os.path.lexists(precompiled):
+        return ""
+    problem = private_problem(directory)
+    if problem is not None:
+        return f"its directory {directory} is not private: {problem}"
+    record_file = directory / PRECOMPILED_RECORD
+    try:
+        record = json.loads(record_file.read_text())
+    except (OSError, ValueError):
+        return f"{record_file.name}, the record of its size and SHA-256, is missing or damaged"
+    problem = artifact_problem(precompiled, record, rehash=rehash)
+    if problem is None and record.get("stat") != fingerprint(precompiled):
+        with contextlib.suppress(OSError):  # hashed as recorded: next time the stat will do
+            write_atomic(record_file, json.dumps({**record, "stat": fingerprint(precompiled)}))
+    return problem
 
 
 def macro_name(define: str) -> str:

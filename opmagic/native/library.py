@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..display import Displayable
+from ..errors import BuildOptionError
 from .blocks import Block
 from .diagnostics import where
 from .loader import NativeLibrary
@@ -147,10 +148,16 @@ def load_library(
     """Build ``options`` (or take the cached build), load it and register its blocks in place
     of ``replace``: the pipeline of :func:`compile_library`; with ``cuda``, of the CUDA full
     path (:func:`~opmagic.native.compile_cuda_library`)."""
+    if replace is not None and not isinstance(replace, LoadedLibrary):
+        raise BuildOptionError(
+            f"replace must be the LoadedLibrary this one supersedes, or None; got {replace!r:.60}."
+        )
+    if progress is not None and not callable(progress):
+        raise BuildOptionError(f"progress must be a callable or None, got {progress!r:.60}.")
     request, built = published_build(options, cuda, progress)
     started = time.perf_counter()
     path = built.directory / f"lib{options.name}.so"
-    native = NativeLibrary(path)
+    native = NativeLibrary(path, built.library_sha256 or None)
     site = SourceSite(built.directory / built.source_name, options.label, options.first_line)
     registration = register(native, site, replace._registration if replace is not None else None)
     return LoadedLibrary(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,20 @@ from .blocks import scan_blocks
 OPT_LEVELS = ("0", "1", "2", "3", "s", "g")
 DEFAULT_OPT_LEVEL = "1"  # builds ~25% faster than -O2; ask for 2 or 3 to time kernels
 DEFAULT_NAME = "opmagic_library"
+MAX_NAME_LENGTH = 100  # the name is part of file names (lib<name>.so, <name>.cpp, memfd names)
+# flags whose next argument is a path (made absolute: compiles run in a scratch directory)
+PATH_FLAGS = ("-I", "-L", "-include", "-imacros", "-isystem", "-iquote", "-idirafter")
+# flags that stop the compiler before it writes the object a build links, or redirect it
+OUTPUT_FLAGS = {
+    "-E": "it only preprocesses",
+    "-S": "it stops at assembly",
+    "-fsyntax-only": "it only checks the syntax and writes no object file",
+    "-c": "opmagic compiles and links in separate steps",
+    "-o": "opmagic names the files it writes",
+    "--help": "it prints help instead of compiling",
+    "--version": "it prints the version instead of compiling",
+    "-###": "it prints the commands instead of running them",
+}
 
 
 @dataclass(frozen=True)
@@ -61,24 +75,38 @@ class BuildOptions:
 
         Raises :class:`~opmagic.errors.BuildOptionError` for the first bad one.
         """
-        if not isinstance(source, str) or not source.strip():
+        language = "CUDA C++" if cuda else "C++"
+        if not isinstance(source, str):
             raise BuildOptionError(
-                f"The source is empty: write {'CUDA ' if cuda else ''}C++ with TORCH_LIBRARY / "
+                f"The source must be {language} source text (a str), got "
+                f"{type(source).__name__}."
+            )
+        if not source.strip():
+            raise BuildOptionError(
+                f"The source is empty: write {language} with TORCH_LIBRARY / "
                 "TORCH_LIBRARY_IMPL blocks."
             )
         source = source.rstrip() + "\n"
         name = _library_name(name, source)
-        cflags, defines = _split_defines(_flag_list(extra_cflags, "extra_cflags"))
-        ldflags = _flag_list(extra_ldflags, "extra_ldflags")
-        includes = tuple(str(Path(d).expanduser().absolute()) for d in include_dirs)
+        cflags, defines = _split_defines(
+            _absolute_paths(split_flags(extra_cflags, "extra_cflags"))
+        )
+        ldflags = _absolute_paths(split_flags(extra_ldflags, "extra_ldflags"))
+        _refuse_output_flags(cflags, "extra_cflags")
+        _refuse_output_flags(ldflags, "extra_ldflags")
+        includes = tuple(str(Path(d).expanduser().absolute()) for d in include_paths(include_dirs))
         missing = [d for d in includes if not os.path.isdir(d)]
         if missing:
             raise BuildOptionError(f"Include directory not found: {', '.join(missing)}.")
         opt = _opt_level(opt_level)
-        if not isinstance(first_line, int) or first_line < 1:
-            raise BuildOptionError(
-                f"first_line must be a positive line number, got {first_line!r}."
-            )
+        check_source_position(label, first_line)
+        for what, value in (
+            ("precompiled_headers", precompiled_headers),
+            ("force", force),
+            ("verbose", verbose),
+        ):
+            if not isinstance(value, bool):
+                raise BuildOptionError(f"{what} must be True or False, got {value!r}.")
         return cls(
             source=source,
             name=name,
@@ -99,22 +127,99 @@ def _library_name(name: str | None, source: str) -> str:
     """``name`` checked, or the first namespace of the source's blocks."""
     if name is None:
         first = next((b.namespace for b in scan_blocks(source) if is_identifier(b.namespace)), "_")
-        return first if first != "_" else DEFAULT_NAME
+        return first if first != "_" and len(first) <= MAX_NAME_LENGTH else DEFAULT_NAME
     if not is_identifier(name):
         raise BuildOptionError(
             f"The library name must be a C identifier (letters, digits, _), got {name!r}."
         )
+    if len(name) > MAX_NAME_LENGTH:
+        raise BuildOptionError(
+            f"The library name is {len(name)} characters long; it names files (lib<NAME>.so), "
+            f"so use at most {MAX_NAME_LENGTH}."
+        )
     return name
 
 
-def _flag_list(flags: Sequence[str] | str, what: str) -> tuple[str, ...]:
-    """Flags as a tuple; one string is split like a shell would."""
+def check_source_position(label: object, first_line: object) -> None:
+    """``label``/``first_line`` (how messages name the source) of the right types."""
+    if type(first_line) is not int or first_line < 1:
+        raise BuildOptionError(f"first_line must be a positive line number, got {first_line!r}.")
+    if label is not None and not isinstance(label, str):
+        raise BuildOptionError(f"label must be a string or None, got {label!r}.")
+
+
+def split_flags(flags: Sequence[str] | str, what: str) -> tuple[str, ...]:
+    """Flags as a tuple; one string is split as a shell would (quotes group, and go)."""
     if isinstance(flags, str):
-        return tuple(shlex.split(flags))
+        try:
+            return tuple(shlex.split(flags))
+        except ValueError as error:
+            raise BuildOptionError(
+                f"{what} cannot be split into flags ({error}): {flags!r}. Close the quote, or "
+                "pass a list of flags."
+            ) from None
+    if isinstance(flags, (bytes, bytearray)) or not isinstance(flags, Iterable):
+        raise BuildOptionError(
+            f"{what} must be a string of flags or a list of strings, got {flags!r}."
+        )
     flags = tuple(flags)
     if not all(isinstance(f, str) for f in flags):
         raise BuildOptionError(f"{what} must be strings (compiler flags), got {flags!r}.")
     return flags
+
+
+def include_paths(directories: Sequence[str | os.PathLike] | str | os.PathLike) -> list[str]:
+    """Include directories as strings; one path on its own is a list of one."""
+    if isinstance(directories, (str, os.PathLike)):
+        directories = [directories]
+    if isinstance(directories, (bytes, bytearray)) or not isinstance(directories, Iterable):
+        raise BuildOptionError(
+            f"include_dirs must be a list of directories, got {directories!r}."
+        )
+    paths = []
+    for directory in directories:
+        if not isinstance(directory, (str, os.PathLike)) or isinstance(directory, bytes):
+            raise BuildOptionError(
+                f"include_dirs must be directory paths (str or pathlib.Path), got {directory!r}."
+            )
+        paths.append(os.fspath(directory))
+    return paths
+
+
+def _absolute_paths(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """Path arguments of flags made absolute: the compiler runs in a scratch directory, so
+    ``-I.`` or ``-include config.h`` must mean the user's working directory, not that one."""
+    absolute: list[str] = []
+    pending = False
+    for flag in flags:
+        if pending:
+            absolute.append(_absolute(flag))
+            pending = False
+        elif flag in PATH_FLAGS:
+            absolute.append(flag)
+            pending = True
+        else:
+            joined = next((p for p in ("-I", "-L") if flag.startswith(p) and len(flag) > 2), None)
+            absolute.append(joined + _absolute(flag[2:]) if joined else flag)
+    return tuple(absolute)
+
+
+def _absolute(path: str) -> str:
+    """``path`` from the working directory, unless already absolute (or empty)."""
+    return os.path.abspath(os.path.expanduser(path)) if path else path
+
+
+def _refuse_output_flags(flags: tuple[str, ...], what: str) -> None:
+    """Flags that change what the compiler writes (or stop it early) break the build."""
+    for flag in flags:
+        reason = OUTPUT_FLAGS.get(flag) or (
+            "opmagic writes the dependency file itself" if flag.startswith("-M") else None
+        )
+        if reason is not None:
+            raise BuildOptionError(
+                f"{what} has {flag}, which a build cannot use: {reason}. Leave it out (opmagic "
+                "compiles, links and loads the library itself)."
+            )
 
 
 def _split_defines(flags: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:

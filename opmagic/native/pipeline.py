@@ -1,9 +1,12 @@
 """The build pipeline: a :class:`BuildOptions` in, the published build of its cache key out.
 
-Steps: the cache key (source, flags, compiler, torch, preamble; for CUDA the toolkit and
-architectures); under the key's lock, the build already published for it (unless a user
-header changed since, or ``force``), or a new one: compile the unit after the precompiled
-torch prefix header, link, record ``build.json``, and publish the directory atomically.
+Steps: the cache key (source, flags, compiler, torch, preamble, the environment variables
+that steer the compiler; for CUDA the toolkit and architectures); the build already
+published for it, unless a file the compiler read for it (every one its dependency output
+names: headers found by any path, ``-include`` files) changed since, its library is not the
+one recorded (size and SHA-256), or ``force``; else, under the key's lock, a new one:
+compile the unit after the precompiled torch prefix header, link, record ``build.json``,
+and publish the directory atomically.
 The CUDA full path (:mod:`opmagic.native.cuda.library`) builds with its own steps from the
 pieces here (:func:`compile_unit`, :func:`link`, :func:`publish`, :func:`compile_error`).
 """
@@ -21,8 +24,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import CompileError, MissingHeadersError
-from .cache import BuildCache, digest, write_atomic
+from ..errors import BuildOptionError, CompileError, MissingHeadersError
+from .cache import (
+    NO_SPACE,
+    NO_SPACE_ERRORS,
+    BuildCache,
+    artifact_problem,
+    artifact_record,
+    digest,
+    disk_full,
+    private_problem,
+    remove_path,
+    write_atomic,
+)
 from .compiler import StepResult, run_step
 from .diagnostics import failure_text, first_error, parse_diagnostics
 from .headers import PREAMBLE, Prefix, macro_name, prepare_prefix, record_macro
@@ -36,6 +50,7 @@ if TYPE_CHECKING:
 _MISSING_PYTHON_H = re.compile(r"\bPython\.h: No such file or directory")
 _PCH_REJECTED = re.compile(r"\.gch: not used because (.*?) \[-Winvalid-pch\]")
 _QUOTED_NAME = re.compile(r"`(\w+)'")
+_MAKE_WORD = re.compile(r"(?:\\[ #]|[^\s])+")  # a word of a make rule: "\ " is a space in it
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,8 @@ class BuildInfo:
     cuda_mode: str = ""  # CUDA builds: "split" (nvcc and g++) or "whole" (nvcc alone)
     archs: tuple[str, ...] = ()  # CUDA builds: the GPU architectures compiled for
     device_seconds: float = 0.0  # CUDA builds: what nvcc took
+    library_sha256: str = ""  # of lib<name>.so as published: the loader checks what it maps
+    repaired: str = ""  # what was found damaged in the cache and rebuilt, if anything
 
 
 @dataclass(frozen=True)
@@ -105,7 +122,12 @@ def published_build(
     toolchain = find_toolchain()
     cache = BuildCache()
     request = BuildRequest.create(options, toolchain, cuda)
-    return request, _cached_or_built(request, toolchain, cache, progress)
+    try:
+        return request, _cached_or_built(request, toolchain, cache, progress)
+    except OSError as error:
+        if error.errno in NO_SPACE_ERRORS:
+            raise disk_full(str(error)) from None
+        raise
 
 
 def _cached_or_built(
@@ -114,10 +136,20 @@ def _cached_or_built(
     cache: BuildCache,
     progress: ProgressCallback | None,
 ) -> BuildInfo:
-    """The published build of ``request.key``: from the cache, or built and published now."""
+    """The published build of ``request.key``: from the cache, or built and published now.
+
+    A published directory is complete (it appears by one rename), so it is read without the
+    lock: a read-only cache serves the builds it holds.
+    """
     force, verbose = request.options.force, request.options.verbose
     stopwatch = Stopwatch(f"lib{request.options.name}.so", progress)
     directory = cache.lib_dir(request.key)
+    name = f"lib{request.options.name}.so"
+    recorded, damage = (None, "") if force else _recorded_build(directory, name)
+    if recorded is not None:
+        if verbose:
+            _print_verbose(f"opmagic: cached build {directory}", recorded.commands, "")
+        return recorded
     waited = False
 
     def on_wait(pid: str) -> None:
@@ -127,19 +159,18 @@ def _cached_or_built(
         stopwatch.report(f"waiting for pid {pid}, which builds the same source")
 
     with cache.locked(request.key, on_wait):
-        recorded = None if force else _recorded_build(directory)
-        if recorded is not None:
-            if waited:
+        if waited and not force:  # the process we waited for may have published it
+            recorded, damage = _recorded_build(directory, name)
+            if recorded is not None:
                 stopwatch.finish()
-            if verbose:
-                _print_verbose(f"opmagic: cached build {directory}", recorded.commands, "")
-            return recorded
+                return recorded
+        if damage:
+            stopwatch.report(f"the cached build was damaged ({damage}); rebuilding")
         scratch = cache.scratch_dir(request.key)
         try:
             steps: BuildSteps = request.cuda.build if request.cuda is not None else _build
             built = steps(request, toolchain, cache, scratch, stopwatch)
-            if directory.exists():  # a forced rebuild, or one because a user header changed
-                shutil.rmtree(directory)
+            remove_path(directory)  # a forced rebuild, a changed input, a damaged build
             os.rename(scratch, directory)  # atomic: readers see no build or a whole one
         except BaseException:
             stopwatch.finish(failed=True)
@@ -149,39 +180,60 @@ def _cached_or_built(
     stopwatch.finish()
     if verbose:
         _print_verbose(f"opmagic: built {directory}", built.commands, built.log)
-    return dataclasses.replace(built, directory=directory)
+    repaired = "; ".join(part for part in (damage, built.repaired) if part)
+    return dataclasses.replace(built, directory=directory, repaired=repaired)
 
 
-def _recorded_build(directory: Path) -> BuildInfo | None:
-    """The published build in ``directory``, unless missing or a user header changed since."""
+def _recorded_build(directory: Path, library: str) -> tuple[BuildInfo | None, str]:
+    """``(the published build in directory, "")``, or ``(None, why it cannot be used)``: the
+    reason is "" when there is simply none, or an input the compiler read changed since."""
     try:
-        record = json.loads((directory / "build.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if os.stat(directory).st_uid != os.getuid() or "source_name" not in record:
-        return None  # someone else's, or recorded by an opmagic that did not name the source
-    for path, size, mtime_ns in record["user_headers"]:
+        text = (directory / "build.json").read_text()
+    except FileNotFoundError:
+        return None, ""
+    except OSError as error:
+        return None, f"its record cannot be read: {error.strerror}"
+    problem = private_problem(directory)
+    if problem is not None:
+        return None, f"its directory {directory} is not private: {problem}"
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None, "its record build.json is damaged"
+    try:
+        library_record = record["library"]
+        inputs = [(str(path), int(size), int(mtime)) for path, size, mtime in record["inputs"]]
+    except (KeyError, TypeError, ValueError):  # recorded by an older opmagic: build it again
+        return None, ""
+    problem = artifact_problem(directory / library, library_record, rehash=True)
+    if problem is not None:
+        return None, problem
+    for path, size, mtime_ns in inputs:
         try:
             info = os.stat(path)
         except OSError:
-            return None
+            return None, ""
         if (info.st_size, info.st_mtime_ns) != (size, mtime_ns):
-            return None
-    return BuildInfo(
-        cached=True,
-        directory=directory,
-        header_set=record["header_set"],
-        precompiled=record["precompiled"],
-        headers_seconds=0.0,
-        compile_seconds=0.0,
-        link_seconds=0.0,
-        seconds=0.0,
-        commands=tuple(record["commands"]),
-        log=record["log"],
-        note=record["note"],
-        source_name=record["source_name"],
-        cuda_mode=record.get("cuda_mode", ""),
-        archs=tuple(record.get("archs", ())),
+            return None, ""
+    return (
+        BuildInfo(
+            cached=True,
+            directory=directory,
+            header_set=record["header_set"],
+            precompiled=record["precompiled"],
+            headers_seconds=0.0,
+            compile_seconds=0.0,
+            link_seconds=0.0,
+            seconds=0.0,
+            commands=tuple(record["commands"]),
+            log=record["log"],
+            note=record["note"],
+            source_name=record["source_name"],
+            cuda_mode=record.get("cuda_mode", ""),
+            archs=tuple(record.get("archs", ())),
+            library_sha256=library_record["sha256"],
+        ),
+        "",
     )
 
 
@@ -206,6 +258,11 @@ def _build(
     )
     if unit.step.returncode != 0:
         raise compile_error(request, toolchain, unit.step, source_name)
+    if not (scratch / unit.object_name).is_file():
+        raise BuildOptionError(
+            f"The compiler finished without error but wrote no object file for {source_name}: "
+            f"a flag stops it early or sends its output elsewhere ({unit.step.command_line})."
+        )
     linked = link(request, toolchain, scratch, stopwatch, [unit.object_name])
     if linked.returncode != 0:
         raise compile_error(request, toolchain, linked, source_name)
@@ -251,7 +308,7 @@ def compile_unit(
         cache,
         stopwatch,
         precompile=request.options.precompiled_headers,
-        retry_failed=request.options.force,  # a forced build retries a failed precompile
+        force=request.options.force,  # retries a failed precompile, re-hashes a precompiled one
         search_flags=extra_flags,
     )
     stopwatch.report(step)
@@ -353,13 +410,8 @@ def publish(
         "source_name": source_name,
         "cuda_mode": cuda_mode,
         "archs": list(archs),
-        "user_headers": sorted(
-            {
-                h
-                for d in deps_files
-                for h in _user_headers(scratch / d, request.options.include_dirs)
-            }
-        ),
+        "inputs": compiler_inputs(scratch, deps_files),
+        "library": artifact_record(scratch / f"lib{request.options.name}.so"),
         "compile_seconds": compile_seconds,
         "link_seconds": steps[-1].seconds,
     }
@@ -382,6 +434,8 @@ def publish(
         cuda_mode=cuda_mode,
         archs=tuple(archs),
         device_seconds=device_seconds,
+        library_sha256=record["library"]["sha256"],
+        repaired=unit.prefix.repaired if unit is not None else "",
     )
 
 
@@ -400,19 +454,39 @@ def compile_env(toolchain: Toolchain, cache: BuildCache) -> dict[str, str]:
     return env
 
 
-def _user_headers(deps_file: Path, include_dirs: tuple[str, ...]) -> list[tuple[str, int, int]]:
-    """``(path, size, mtime_ns)`` of headers from the user's include dirs the build read."""
-    if not include_dirs or not deps_file.is_file():
-        return []
-    roots = tuple(os.path.join(os.path.realpath(d), "") for d in include_dirs)
-    text = deps_file.read_text().replace("\\\n", " ")
-    headers = []
-    for token in text.split()[1:]:
-        path = os.path.realpath(token)
-        if path.startswith(roots):
+def compiler_inputs(scratch: Path, deps_files: Iterable[str]) -> list[tuple[str, int, int]]:
+    """``(path, size, mtime_ns)`` of every file the compiler read, as its dependency files
+    (``-MD``) name them, but the sources written in ``scratch``: headers found through
+    ``-I``, ``CPATH`` or an absolute ``#include``, ``-include`` files, system headers."""
+    inputs: set[tuple[str, int, int]] = set()
+    for deps in deps_files:
+        for name in dependency_names(scratch / deps):
+            path = os.path.normpath(os.path.join(scratch, name))  # relative: to the compile
+            if path.startswith(os.path.join(scratch, "")):
+                continue
             info = os.stat(path)
-            headers.append((path, info.st_size, info.st_mtime_ns))
-    return headers
+            inputs.add((path, info.st_size, info.st_mtime_ns))
+    return sorted(inputs)
+
+
+def dependency_names(deps_file: Path) -> list[str]:
+    """The prerequisites a compiler's make-style dependency file lists (targets left out)."""
+    if not deps_file.is_file():
+        return []
+    text = deps_file.read_text(errors="surrogateescape").replace("\\\n", " ")
+    names: list[str] = []
+    for line in text.splitlines():
+        words = [
+            re.sub(r"\\([ #])", r"\1", word).replace("$$", "$")
+            for word in _MAKE_WORD.findall(line)
+        ]
+        if ":" in words:  # nvcc writes "target : prerequisites"
+            names += words[words.index(":") + 1 :]
+        elif words and words[0].endswith(":"):
+            names += words[1:]
+        else:
+            names += [word for word in words if not word.endswith(":")]
+    return names
 
 
 def compile_error(
@@ -428,6 +502,10 @@ def compile_error(
             f"(directly or through torch/extension.h): {INSTALL_PYTHON_HEADERS}."
         )
     library = f"lib{options.name}.so"
+    no_space = NO_SPACE.search(step.output)
+    if no_space is not None:
+        line = step.output[: no_space.end()].rsplit("\n", 1)[-1]
+        return disk_full(f"building {library}, {line}")
     return CompileError(
         failure_text(library, diagnostics, options.source, options.label, options.first_line),
         diagnostics=diagnostics,

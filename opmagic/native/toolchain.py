@@ -29,6 +29,17 @@ INSTALL_PYTHON_HEADERS = (
     "dnf install python3-devel (Fedora/RHEL); conda and pyenv Pythons include them"
 )
 TORCH_LIBRARIES = ("c10", "torch_cpu", "torch", "torch_python")
+# environment variables that change which files the compiler, nvcc or the linker read
+COMPILER_ENVIRONMENT = (
+    "CPATH",
+    "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH",
+    "LIBRARY_PATH",
+    "GCC_EXEC_PREFIX",
+    "COMPILER_PATH",
+    "NVCC_PREPEND_FLAGS",
+    "NVCC_APPEND_FLAGS",
+)
 
 
 @dataclass(frozen=True)
@@ -58,7 +69,7 @@ class Toolchain:
         """``-D_GLIBCXX_USE_CXX11_ABI=`` as torch was built: every compile must agree."""
         return f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"
 
-    def identity(self) -> dict[str, str]:
+    def identity(self) -> dict[str, object]:
         """Everything about the environment that changes what a build produces."""
         return {
             "compiler": " ".join(self.compiler),
@@ -68,6 +79,9 @@ class Toolchain:
             "torch_lib": self.torch_lib,
             "python": sys.version.split()[0],
             "python_include": self.python_include,
+            "environment": {
+                name: os.environ[name] for name in COMPILER_ENVIRONMENT if name in os.environ
+            },
         }
 
     def compile_flags(self, opt_level: str, extra_cflags: tuple[str, ...]) -> list[str]:

@@ -27,6 +27,8 @@ def build_summary(library: LoadedLibrary) -> str:
         how = f"built in {build.seconds:.1f} s"
         if build.headers_seconds:
             how += f" (of which {build.headers_seconds:.1f} s precompiling headers, once)"
+        if build.repaired:
+            how += f" again, as the cache's copy was damaged ({build.repaired})"
     headers = (
         f"precompiled {build.header_set} headers"
         if build.precompiled

@@ -353,3 +353,18 @@ def test_names_say_what_was_compared(ops) -> None:
     assert callable_name(F.relu) == "torch.nn.functional.relu"
     assert callable_name(reference) == "reference"
     assert opmagic.compare is compare
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"names": "ab"}, "names must be two labels"),
+        ({"rtol": "1e-3", "atol": 1e-3}, "rtol must be a number or None"),
+        ({"min_run_time": "0.1"}, "min_run_time is seconds to measure"),
+        ({"sizes": 5}, "sizes must be a list"),
+        ({"dtypes": "float32"}, "dtypes must be a list"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_named(kwargs, expected) -> None:
+    with pytest.raises(CompareError, match=expected):
+        compare(torch.add, torch.add, lambda n: (torch.ones(n), torch.ones(n)), **kwargs)

@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opmagic
 from opmagic import CellSourceError, ForeignOperatorError, custom_op_from_source
-from opmagic.errors import OperatorNameError
+from opmagic.errors import ArgumentTypeError, OperatorNameError
 
 from ..shell import Cells
 
@@ -256,6 +256,32 @@ BAD_INPUT = [
         2,
         CellSourceError,
     ),
+    (
+        "%%custom_op t_bad::op --schema '(Tensor x, Tensor y) -> Tensor'\n"
+        "def op(x: Tensor) -> Tensor:\n    return x\n",
+        "the schema '(Tensor x, Tensor y) -> Tensor' does not fit op(): it has 2 argument(s)",
+        2,
+        CellSourceError,
+    ),
+    (
+        "%%custom_op t_bad::op\ndef op(x: Tensor) -> Tensor:\n    return x\nglobal op\n",
+        "SyntaxError: name 'op' is assigned to before global declaration",
+        4,
+        CellSourceError,
+    ),
+    (
+        "%%custom_op t_bad::op\ndef op(x: Tensor) -> Tensor:\n    return x\nop = 3\n",
+        "after the cell ran, op is a int, not the function defined here",
+        2,
+        CellSourceError,
+    ),
+    (
+        "%%custom_op t_bad::op\ndef op(x: Tensor) -> Tensor:\n    return x\n"
+        "@torch_dispatch(1)\ndef _(mode, func, types, args, kwargs):\n    pass\n",
+        "@torch_dispatch takes a TorchDispatchMode subclass or a tensor subclass, got 1",
+        4,
+        CellSourceError,
+    ),
 ]
 
 
@@ -377,3 +403,24 @@ def test_tables_and_resolve_read_session_ops_like_plain_ones(cells: Cells) -> No
         assert described[0] == described[1]
     finally:
         outside._lib._destroy()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"source": None}, "source must be the cell's Python source, got NoneType"),
+        ({"name": 3}, "name must be 'namespace::name'"),
+        ({"namespace": []}, "namespace must be a dict or None"),
+        ({"schema": 1}, "schema must be a str"),
+        ({"check": 1}, "check must be a Python expression"),
+        ({"mutates_args": 3}, "mutates_args must be argument names or 'unknown'"),
+        ({"mutates_args": [1]}, "mutates_args must be argument names"),
+        ({"device_types": 3}, "device_types must be device types"),
+        ({"tags": ["x"]}, "tags must be torch.Tag members"),
+    ],
+)
+def test_api_arguments_of_the_wrong_type_are_named(kwargs, expected) -> None:
+    arguments = {"source": "def f(x: Tensor) -> Tensor:\n    return x\n", "name": "t_api::f"}
+    with pytest.raises(ArgumentTypeError, match=re.escape(expected)):
+        custom_op_from_source(**{**arguments, **kwargs})
+    assert not hasattr(torch.ops.t_api, "f")

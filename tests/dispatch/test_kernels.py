@@ -8,6 +8,7 @@ import torch
 
 from opmagic import OpmagicError, dispatch_table, kernels
 from opmagic.dispatch.kernels import DEFAULT_KEYS, LONG_COLUMNS
+from opmagic.errors import ArgumentTypeError, UnknownDispatchKeyError
 
 
 def _alias(value: object) -> str | None:
@@ -105,3 +106,19 @@ def test_unknown_namespace_and_keys_are_explained():
         kernels("aten", ["Autograd"])
     with pytest.raises(OpmagicError, match="Unknown dispatch key 'CPUU'"):
         kernels("aten", "CPUU")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"namespace": 3}, "namespace must be a str or None"),
+        ({"missing": ["CPU"]}, "missing must be a str or None"),
+        ({"keys": [1]}, "keys must be key names"),
+        ({"keys": 5}, "keys must be key names or 'all'"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_named(kwargs, expected):
+    with pytest.raises(ArgumentTypeError, match=expected):
+        kernels(**kwargs)
+    with pytest.raises(UnknownDispatchKeyError, match="Unknown dispatch key 'CPUU'"):
+        kernels("aten", keys=["CPUU"])

@@ -11,6 +11,7 @@ import torch
 from opmagic import key_info, runtime_keys
 from opmagic._torch import dispatcher
 from opmagic.dispatch.keys import CATEGORIES, catalogue
+from opmagic.errors import ArgumentTypeError, UnknownDispatchKeyError
 
 C = torch._C
 
@@ -84,6 +85,11 @@ def test_alias_keys_and_undefined_are_described():
     assert "without tensor inputs" in key_info("Undefined").explanation
 
 
-def test_unknown_key_name_raises_key_error():
-    with pytest.raises(KeyError):
-        key_info("NotAKey")
+def test_an_unknown_key_name_is_named_with_close_matches():
+    bogus = r"no dispatch key 'Bogus'\..* runtime_keys\(\)"
+    with pytest.raises(UnknownDispatchKeyError, match=bogus):
+        key_info("Bogus")
+    with pytest.raises(UnknownDispatchKeyError, match=r"'cpu'\. Did you mean CPU"):
+        key_info("cpu")
+    with pytest.raises(ArgumentTypeError, match="a dispatch key's name"):
+        key_info(3)

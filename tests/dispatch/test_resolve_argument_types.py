@@ -180,3 +180,9 @@ def test_numbers_for_tensor_arguments_where_torch_wraps_them() -> None:
     torch.ops.aten.mul.Tensor(x, 2)
     refused = resolve("aten::sin.out", torch.randn(2), out=2)  # sin takes no numbers for tensors
     assert "'out' of aten::sin.out" in refused.error and refused.path == ()
+
+
+def test_a_packet_call_torch_sends_to_a_torchscript_only_overload_is_named() -> None:
+    # torch picks aten::add.str for two strings: a TorchScript operator, not in the dispatcher
+    with pytest.raises(ArgumentsMismatchError, match=r"No overload of aten::add accepts \(str"):
+        resolve(torch.ops.aten.add, "x", "y")

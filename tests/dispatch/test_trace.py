@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opmagic
 from opmagic import Trace, TracedCall, trace
-from opmagic.errors import OpmagicError
+from opmagic.errors import ArgumentTypeError, OpmagicError
 
 from .probes import make_probe_op
 
@@ -193,7 +193,7 @@ def test_tracing_inside_a_trace_is_refused_clearly() -> None:
 
 
 def test_trace_needs_a_function() -> None:
-    with pytest.raises(TypeError, match="needs a function"):
+    with pytest.raises(ArgumentTypeError, match="needs a function"):
         trace(torch.ones(2))
 
 

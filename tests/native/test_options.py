@@ -42,6 +42,27 @@ def _options(source: str, **overrides) -> BuildOptions:
         pytest.param({"first_line": 0}, "first_line must be a positive", id="first-line"),
         pytest.param({"include_dirs": ["/no/such/dir"]}, "not found: /no/such/dir", id="include"),
         pytest.param({"extra_cflags": "-O2 -D"}, "ends with -D and no macro", id="define"),
+        pytest.param({"extra_cflags": "'-DA=1"}, "cannot be split.*Close the quote", id="quote"),
+        pytest.param(
+            {"extra_cflags": 5}, "a string of flags or a list of strings", id="cflags-int"
+        ),
+        pytest.param({"extra_ldflags": b"-lm"}, "a string of flags or a list", id="ldflags-bytes"),
+        pytest.param(
+            {"extra_cflags": "-fsyntax-only"}, "-fsyntax-only, which a build", id="syntax"
+        ),
+        pytest.param({"extra_cflags": ["-MF", "x.d"]}, "dependency file itself", id="deps"),
+        pytest.param({"extra_ldflags": "-o /tmp/x.so"}, "extra_ldflags has -o", id="output"),
+        pytest.param({"name": "n" * 300}, "300 characters long.*at most 100", id="long-name"),
+        pytest.param({"include_dirs": 5}, "include_dirs must be a list", id="include-int"),
+        pytest.param({"include_dirs": [None]}, "directory paths", id="include-none"),
+        pytest.param({"force": "yes"}, "force must be True or False", id="force"),
+        pytest.param({"first_line": True}, "first_line must be a positive", id="first-line-bool"),
+        pytest.param({"label": 3}, "label must be a string", id="label"),
+        pytest.param(
+            {"source": None}, "must be C\\+\\+ source text \\(a str\\), got NoneType", id="none"
+        ),
+        pytest.param({"replace": "x"}, "replace must be the LoadedLibrary", id="replace"),
+        pytest.param({"progress": 3}, "progress must be a callable or None", id="progress"),
     ],
 )
 def test_bad_arguments_are_refused_before_building(kwargs, expected):
@@ -82,3 +103,28 @@ def test_the_name_is_the_first_namespace_and_the_label_follows_it():
     fallback_first = "TORCH_LIBRARY_IMPL(_, AutogradCPU, m) {}\n" + op_source("opt_later")
     assert _options(fallback_first).name == DEFAULT_NAME
     assert _options("int no_blocks;\n").name == DEFAULT_NAME
+
+
+def test_relative_paths_in_flags_are_from_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    options = _options(
+        op_source("opt_paths"),
+        extra_cflags="-I. -include cfg.h -isystem sys -DX=./y",
+        extra_ldflags="-Llib -L /abs -lfoo",
+        include_dirs=".",  # one directory on its own
+    )
+    assert options.cflags == (
+        "-I" + str(tmp_path),
+        "-include",
+        str(tmp_path / "cfg.h"),
+        "-isystem",
+        str(tmp_path / "sys"),
+    )
+    assert options.defines == ("-DX=./y",)
+    assert options.ldflags == ("-L" + str(tmp_path / "lib"), "-L", "/abs", "-lfoo")
+    assert options.include_dirs == (str(tmp_path),)
+
+
+def test_a_long_namespace_names_the_library_by_default():
+    long_namespace = "n" * 150
+    assert _options(op_source(long_namespace)).name == DEFAULT_NAME

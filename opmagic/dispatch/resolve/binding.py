@@ -83,7 +83,11 @@ def select_overload(ref: OpRef, args: tuple, kwargs: dict) -> str:
     except RuntimeError as exc:
         schemas = [str(dispatcher.find_schema(ref.qualname, o)) for o in overloads]
         raise ArgumentsMismatchError(no_overload_message(ref, args, kwargs, schemas)) from exc
-    return "" if chosen == "default" else chosen
+    chosen = "" if chosen == "default" else chosen
+    if chosen not in overloads:  # a TorchScript-only overload (aten::add.str): no dispatch
+        schemas = [str(dispatcher.find_schema(ref.qualname, o)) for o in overloads]
+        raise ArgumentsMismatchError(no_overload_message(ref, args, kwargs, schemas))
+    return chosen
 
 
 def bind_arguments(ref: OpRef, schema: Any, args: tuple, kwargs: dict) -> list[BoundArgument]:

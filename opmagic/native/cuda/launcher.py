@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..._torch.cuda import current_raw_stream
-from ...errors import NoGPUError
+from ...errors import ArgumentTypeError, NoGPUError
 from .source import KernelParameter, KernelSignature
 from .toolkit import gpu_unavailable_reason, running_gpu_arch
 
@@ -250,7 +250,11 @@ class _Configured:
 
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for ints: the number of blocks of ``b`` threads covering ``a`` items."""
-    return -(-int(a) // int(b))
+    try:
+        return -(-int(a) // int(b))
+    except (TypeError, ValueError, ZeroDivisionError):
+        message = f"cdiv takes two integers, the second not 0; got {a!r}, {b!r}."
+        raise ArgumentTypeError(message) from None
 
 
 def _config(

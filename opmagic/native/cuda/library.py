@@ -32,13 +32,13 @@ from pathlib import Path
 
 import torch
 
-from ...errors import BuildOptionError, CompileError, LoadError, MissingHeadersError
+from ...errors import CompileError, LoadError, MissingHeadersError
 from ..cache import BuildCache
 from ..compiler import StepResult, run_step
 from ..diagnostics import parse_diagnostics
 from ..headers import prepare_prefix
 from ..library import LoadedLibrary, load_library
-from ..options import DEFAULT_OPT_LEVEL, BuildOptions
+from ..options import DEFAULT_OPT_LEVEL, BuildOptions, split_flags
 from ..pipeline import (
     BuildInfo,
     BuildRequest,
@@ -219,7 +219,7 @@ class _Context:
             self.cache,
             self.stopwatch,
             precompile=False,
-            retry_failed=False,
+            force=False,
         )
         source = rewrite_launches(options.source)
         compiled = self.nvcc(
@@ -398,9 +398,7 @@ def compile_cuda_library(
     """
     toolkit = find_cuda_toolkit()
     archs = parse_archs(arch)
-    nvcc = tuple(nvcc_flags.split() if isinstance(nvcc_flags, str) else nvcc_flags)
-    if not all(isinstance(f, str) for f in nvcc):
-        raise BuildOptionError(f"nvcc_flags must be strings, got {nvcc_flags!r}.")
+    nvcc = split_flags(nvcc_flags, "nvcc_flags")
     options = BuildOptions.create(
         source,
         cuda=True,

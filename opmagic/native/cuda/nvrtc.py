@@ -25,6 +25,7 @@ from ...display import Displayable
 from ...errors import BuildOptionError, CompileError, CudaToolkitError
 from ..cache import digest
 from ..diagnostics import failure_text, parse_diagnostics, where
+from ..options import check_source_position, include_paths, split_flags
 from .launcher import CudaKernel, check_signature
 from .source import KernelSignature, kernel_signatures
 from .toolkit import INSTALL_CUDA_HEADERS, cuda_include_dirs, parse_archs, running_gpu_arch
@@ -130,6 +131,7 @@ def compile_cuda_kernels(
     """
     if not isinstance(source, str) or not source.strip():
         raise BuildOptionError('The source is empty: write extern "C" __global__ kernels.')
+    check_source_position(label, first_line)
     label = label or _SOURCE_NAME
     signatures = tuple(k for k in kernel_signatures(source) if k.defined)
     _check_kernels(signatures, label, first_line)
@@ -139,11 +141,12 @@ def compile_cuda_kernels(
             f"NVRTC compiles for one architecture at a time; got {', '.join(archs)}."
         )
     target = nvrtc_target(archs[0] if archs else running_gpu_arch() or NO_GPU_ARCH)
-    flags = tuple(nvrtc_flags.split() if isinstance(nvrtc_flags, str) else nvrtc_flags)
-    missing = [str(d) for d in include_dirs if not os.path.isdir(d)]
+    flags = split_flags(nvrtc_flags, "nvrtc_flags")
+    directories = include_paths(include_dirs)
+    missing = [d for d in directories if not os.path.isdir(d)]
     if missing:
         raise BuildOptionError(f"Include directory not found: {', '.join(missing)}.")
-    includes = [os.path.abspath(d) for d in include_dirs] + list(cuda_include_dirs())
+    includes = [os.path.abspath(d) for d in directories] + list(cuda_include_dirs())
     options = (
         "-std=c++17",
         "-default-device",

@@ -174,7 +174,14 @@ def parse_archs(arch: str | Sequence[str] | None) -> tuple[str, ...]:
     if arch is None:
         running = running_gpu_arch()
         return (running,) if running else DEFAULT_ARCHS
-    parts = [p.strip() for p in arch.split(",")] if isinstance(arch, str) else list(arch)
+    if isinstance(arch, str):
+        parts = [p.strip() for p in arch.split(",")]
+    elif isinstance(arch, (list, tuple)) and all(isinstance(p, str) for p in arch):
+        parts = list(arch)
+    else:
+        raise BuildOptionError(
+            f"arch must be a str such as 'sm_86' or a list of them, got {arch!r}."
+        )
     archs = []
     for part in parts:
         match = _ARCH.match(str(part).strip())

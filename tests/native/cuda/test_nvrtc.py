@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from opmagic.errors import BuildOptionError, CompileError, NoGPUError
+from opmagic import cdiv, cuda_kernel_from_source
+from opmagic.errors import ArgumentTypeError, BuildOptionError, CompileError, NoGPUError
 from opmagic.native.cuda import launcher, nvrtc
 from opmagic.native.cuda.nvrtc import compile_cuda_kernels, nvrtc_target
 from opmagic.native.cuda.source import KernelParameter
@@ -157,3 +158,16 @@ def test_a_non_contiguous_tensor_is_copied_for_a_const_pointer_and_refused_other
     problem = launcher.non_contiguous_problem(written, torch.ones(3, 4).t())
     assert "not contiguous (shape (4, 3), strides (1, 4))" in problem
     assert "declare the parameter const" in problem
+
+
+def test_arguments_of_the_wrong_type_are_named():
+    with pytest.raises(BuildOptionError, match="first_line must be a positive line number"):
+        compile_cuda_kernels(VADD, first_line="1")
+    with pytest.raises(BuildOptionError, match="label must be a string or None"):
+        compile_cuda_kernels(VADD, label=3)
+    with pytest.raises(BuildOptionError, match="arch must be a str such as 'sm_86'"):
+        parse_archs(86)
+    with pytest.raises(ArgumentTypeError, match="cdiv takes two integers, the second not 0"):
+        cdiv(10, 0)
+    with pytest.raises(ArgumentTypeError, match="namespace must be a dict"):
+        cuda_kernel_from_source(VADD, namespace="x")

@@ -1,0 +1,72 @@
+"""Compiler runs: interrupting a build stops every process the compiler started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .sources import op_source
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _processes_with(marker: str) -> list[str]:
+    """The command lines of running processes that mention ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in command and "pytest" not in command:
+            found.append(command)
+    return found
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_compile_stops_cc1plus_too(build_cache):
+    marker = f"OPMAGIC_MARKER_{uuid.uuid4().hex}"
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from opmagic import compile_library
+        try:
+            compile_library(sys.stdin.read(), extra_cflags=["-D{marker}"],
+                            precompiled_headers=False, progress=None)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    # torch/extension.h without precompiled headers: cc1plus runs for many seconds
+    child.stdin.write("#include <torch/extension.h>\n" + op_source("cc_interrupted"))
+    child.stdin.close()
+    _wait_for(lambda: any("cc1plus" in c for c in _processes_with(marker)))
+    child.send_signal(signal.SIGINT)  # what Ctrl-C (or a notebook's stop button) sends
+    assert child.stdout.read().strip() == "interrupted"
+    assert child.wait(timeout=60) == 0
+    _wait_for(lambda: not _processes_with(marker), timeout=10)
