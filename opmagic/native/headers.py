@@ -1,12 +1,20 @@
 """The prefix header every build force-includes, and its precompiled form.
 
-The prefix is one of a few torch header sets followed by the registration preamble. Its
-precompiled form (a GCC ``.gch``, built once per header set, compiler, torch and flags, and
-shared by every source that uses the set) saves parsing torch's headers on each build:
+The prefix is one of a few torch header sets followed by the registration preamble of the
+blocks the source has (classic ``TORCH_LIBRARY*``, stable-ABI ``STABLE_TORCH_LIBRARY*``, or
+both). Its precompiled form (a GCC ``.gch``, built once per prefix, compiler, torch and
+flags, and shared by every source that uses it) saves parsing torch's headers on each build:
 about 13 s of a 20 s ``torch/extension.h`` compile.
+
+Precompiling a big set takes longer than compiling one source without it (~45 s of CPU for
+the extension set against ~27 s), so a build never waits for it: a missing precompiled
+header is built in the background (at a low priority, by a process that outlives this one),
+and builds parse the headers themselves until it is there. :func:`precompile_headers` starts
+(or waits for) that work ahead of the first build; ``%load_ext opmagic`` calls it.
 
 A source gets the smallest set whose headers (with everything they include) cover (nearly)
 everything the source's torch includes pull in; those ``#include`` lines then cost nothing.
+A stable-ABI source gets the stable set: its prefix holds no classic torch header.
 """
 
 from __future__ import annotations
@@ -14,18 +22,32 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import subprocess
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .blocks import scan_blocks
 from .cache import BuildCache, digest, write_atomic
 from .compiler import run_step
-from .progress import Stopwatch
-from .toolchain import Toolchain
+from .options import DEFAULT_OPT_LEVEL, normalise_opt_level
+from .progress import TICK_SECONDS, Stopwatch
+from .toolchain import Toolchain, find_toolchain
 
-PREAMBLE = (Path(__file__).parent / "preamble.h").read_text()
+_HERE = Path(__file__).parent
+# the registration preamble: the common part, then one part per flavour of blocks
+PREAMBLE_PARTS = {
+    "common": (_HERE / "preamble.h").read_text(),
+    "classic": (_HERE / "preamble_classic.h").read_text(),
+    "stable": (_HERE / "preamble_stable.h").read_text(),
+}
+PREAMBLE = "".join(PREAMBLE_PARTS.values())  # what every cache key includes
 # Headers a set may leave to be parsed per build before a bigger set is cheaper (~5 ms each).
 MAX_UNCOVERED_FILES = 100
+BACKGROUND_NICENESS = 10  # background precompiles yield the CPU to the build a user waits for
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 
@@ -38,13 +60,25 @@ class HeaderSet:
 
 
 HEADER_SETS = (
+    # the LibTorch stable ABI, as PyTorch's custom C++ operator tutorial includes it
+    HeaderSet(
+        "stable",
+        (
+            "torch/csrc/stable/library.h",
+            "torch/csrc/stable/ops.h",
+            "torch/csrc/stable/tensor.h",
+            "torch/headeronly/core/ScalarType.h",
+            "torch/headeronly/macros/Macros.h",
+        ),
+    ),
     # what an operator library needs: registration, Tensor, a factory function
     HeaderSet("core", ("torch/library.h", "ATen/core/Tensor.h", "ATen/ops/empty.h")),
     # the C++ frontend: autograd functions, every ATen op, nn, optim
-    HeaderSet("all", ("torch/all.h",)),
+    HeaderSet("all", ("torch/all.h", "torch/library.h", "ATen/Operators.h")),
     # the setup.py extension header: torch/all.h plus Python and pybind11
-    HeaderSet("extension", ("torch/extension.h",)),
+    HeaderSet("extension", ("torch/extension.h", "torch/library.h")),
 )
+_SETS = {header_set.name: header_set for header_set in HEADER_SETS}
 
 
 @dataclass(frozen=True)
@@ -61,11 +95,24 @@ class Prefix:
     macros_file: Path | None = None
 
 
-def prefix_text(header_set: HeaderSet | None) -> str:
+def preamble_flavours(source: str) -> tuple[str, ...]:
+    """The preamble parts ``source``'s blocks need: ``("classic",)``, ``("stable",)`` or both.
+
+    A source without blocks gets the classic part (its registrations, if any, are made
+    otherwise: the loader finds them).
+    """
+    blocks = scan_blocks(source)
+    flavours = {"stable" if block.stable else "classic" for block in blocks} or {"classic"}
+    return tuple(flavour for flavour in ("classic", "stable") if flavour in flavours)
+
+
+def prefix_text(header_set: HeaderSet | None, flavours: Sequence[str] = ("classic",)) -> str:
     """The prefix header: the set's ``#include`` lines, then the registration preamble."""
     includes = "".join(f"#include <{h}>\n" for h in header_set.headers) if header_set else ""
     name = header_set.name if header_set else "preamble only"
-    return f"// opmagic prefix header ({name})\n{includes}{PREAMBLE}"
+    preamble = "".join(PREAMBLE_PARTS[part] for part in ("common", *flavours))
+    title = f"// opmagic prefix header ({name}, {' and '.join(flavours)} blocks)\n"
+    return f"{title}{includes}{preamble}"
 
 
 def included_torch_headers(source: str, toolchain: Toolchain) -> tuple[str, ...]:
@@ -95,14 +142,21 @@ def choose_header_set(
     in every compile: about 1.4 s for core, 5.7 s for all, 7.5 s for extension), so a few
     uncovered headers are cheaper than the next set. When no set is close enough, the one
     leaving the fewest files uncovered. ``search_flags`` (e.g. CUDA's include directories)
-    let the source's own includes be found.
+    let the source's own includes be found. A source whose includes are all among a set's
+    own headers gets that set at once (no include closure to compute: the first build on an
+    empty cache does not pay for it). Only stable-ABI sources get the stable set.
     """
+    stable_only = preamble_flavours(source) == ("stable",)
+    candidates = [s for s in HEADER_SETS if stable_only or s.name != "stable"]
     wanted = included_torch_headers(source, toolchain)
     if not wanted:
-        return HEADER_SETS[0]
+        return candidates[0]
+    for header_set in candidates:
+        if set(wanted) <= set(header_set.headers):
+            return header_set
     needed = header_closure(wanted, toolchain, [*flags, *search_flags], cache)
     best: tuple[int, HeaderSet] | None = None
-    for header_set in HEADER_SETS:
+    for header_set in candidates:
         uncovered = len(needed - header_closure(header_set.headers, toolchain, flags, cache))
         if uncovered <= MAX_UNCOVERED_FILES:
             return header_set
@@ -146,68 +200,243 @@ def prepare_prefix(
     precompile: bool,
     retry_failed: bool,
     search_flags: Sequence[str] = (),
+    wait: bool = False,
 ) -> Prefix:
-    """The prefix header for ``source``, precompiled (built now if missing) when possible.
+    """The prefix header for ``source``, precompiled when its precompiled form is there.
 
-    The user's ``-D``/``-U`` flags (``defines``) are left out of the precompiled header, so
-    that macros the torch headers never look at do not cost a header build each. GCC
-    refuses a precompiled header whose macros differ where it matters; such macros are
-    recorded (:func:`record_macro`) and precompiled in from then on. A header set that
-    failed to precompile is compiled as plain text from then on, unless ``retry_failed``.
-    ``search_flags`` are include flags the source's compile adds (they do not change the
-    precompiled header, so it is shared with sources that do not need them).
+    A missing precompiled header is built in the background for later builds (``wait``:
+    built now, or waited for when another process builds it), and this build parses the
+    headers itself. The user's ``-D``/``-U`` flags (``defines``) are left out of the
+    precompiled header, so that macros the torch headers never look at do not cost a header
+    build each. GCC refuses a precompiled header whose macros differ where it matters; such
+    macros are recorded (:func:`record_macro`) and precompiled in from then on. A header set
+    that failed to precompile is compiled as plain text from then on, unless
+    ``retry_failed``. ``search_flags`` are include flags the source's compile adds (they do
+    not change the precompiled header, so it is shared with sources that do not need them).
     """
+    flavours = preamble_flavours(source)
     header_set = (
         choose_header_set(source, toolchain, flags, cache, search_flags)
         if precompile and toolchain.is_gcc
         else None
     )
-    text = prefix_text(header_set)
+    text = prefix_text(header_set, flavours)
     directory = cache.prefix_dir(digest({"prefix": text, "flags": flags, **toolchain.identity()}))
     macros_file = directory / "macros.json" if header_set is not None and defines else None
     known = _recorded_macros(macros_file) if macros_file is not None else set()
     relevant = [d for d in defines if macro_name(d) in known]
-    if relevant:  # a header of its own, with the macros that change torch's headers
-        flags = [*flags, *relevant]
-        directory = cache.prefix_dir(
-            digest({"prefix": text, "flags": flags, **toolchain.identity()})
-        )
-    header = directory / "prefix.h"
+    # with user macros that change torch's headers, a header of its own
+    header = _prefix_header(text, [*flags, *relevant], toolchain, cache)
     if header_set is None:
-        if not header.is_file():
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            write_atomic(header, text)
         note = "precompiled headers need GCC" if precompile else "precompiled headers disabled"
         return Prefix(header, None, False, note=note)
-    precompiled = directory / "prefix.h.gch"
-    failed = directory / "failed.log"
-    if precompiled.is_file():
+    _remember_use(cache, header_set, flavours)
+    job = _Precompile(toolchain, [*flags, *relevant], header)
+    if job.done():
         return Prefix(header, header_set, True, macros_file=macros_file)
-    with cache.locked(
-        f"prefix-{directory.name}", lambda pid: stopwatch.report(f"waiting for pid {pid} (headers)")
-    ):
-        if precompiled.is_file():
-            return Prefix(header, header_set, True, macros_file=macros_file)
-        if retry_failed:
-            failed.unlink(missing_ok=True)
-        if failed.is_file():
-            return Prefix(header, header_set, False, note=f"precompiling failed: {failed}")
+    if retry_failed:
+        job.failed.unlink(missing_ok=True)
+    if job.failed.is_file():
+        return Prefix(header, header_set, False, note=f"precompiling failed: {job.failed}")
+    if wait:
+        seconds = job.run_now(cache, stopwatch, header_set.name)
+        if job.done():
+            return Prefix(header, header_set, True, seconds, macros_file=macros_file)
+        return Prefix(header, header_set, False, note=f"precompiling failed: {job.failed}")
+    start_in_background([job], cache)
+    return Prefix(
+        header,
+        header_set,
+        False,
+        note=f"the {header_set.name} headers are being precompiled in the background for the "
+        "next builds",
+        macros_file=macros_file,
+    )
+
+
+def _prefix_header(text: str, flags: list[str], toolchain: Toolchain, cache: BuildCache) -> Path:
+    """The prefix header with ``text`` in the directory of its precompiled forms (written now
+    if missing): one directory per text, flags and toolchain."""
+    directory = cache.prefix_dir(digest({"prefix": text, "flags": flags, **toolchain.identity()}))
+    header = directory / "prefix.h"
+    if not header.is_file():
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomic(header, text)
-        for stale in directory.glob("prefix.h.gch.*"):  # left by a killed build
-            stale.unlink()
-        partial = directory / f"prefix.h.gch.{os.getpid()}"
-        stopwatch.report(f"precompiling the {header_set.name} torch headers (once)")
-        result = run_step(
-            [*toolchain.compiler, *flags, "-x", "c++-header", str(header), "-o", str(partial)],
-            cwd=directory,
-            stopwatch=stopwatch,
+    return header
+
+
+def _used_file(cache: BuildCache) -> Path:
+    """Where the header sets (and preamble flavours) builds in this cache used are listed."""
+    return cache.home / "prefix" / "used.json"
+
+
+def _used(cache: BuildCache) -> list[tuple[str, tuple[str, ...]]]:
+    """``(set name, flavours)`` of every prefix builds in this cache used, oldest first."""
+    try:
+        entries = json.loads(_used_file(cache).read_text())
+    except (OSError, ValueError):
+        return []
+    return [(name, tuple(flavours)) for name, flavours in entries if name in _SETS]
+
+
+def _remember_use(cache: BuildCache, header_set: HeaderSet, flavours: tuple[str, ...]) -> None:
+    """Record that a build used this prefix (:func:`precompile_headers` warms it up later,
+    e.g. for a new torch or compiler)."""
+    used = _used(cache)
+    if (header_set.name, flavours) not in used:
+        write_atomic(_used_file(cache), json.dumps([*used, (header_set.name, flavours)]))
+
+
+# what precompile_headers warms in a cache no build has used yet
+FIRST_WARM_UP: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("stable", ("stable",)),
+    ("core", ("classic",)),
+)
+
+
+def precompile_headers(
+    sources: Sequence[str] | None = None,
+    *,
+    opt_level: int | str = DEFAULT_OPT_LEVEL,
+    wait: bool = True,
+) -> None:
+    """Precompile the torch headers that builds of ``sources`` use, ahead of those builds.
+
+    Without ``sources``: every header set builds in this cache have used (on a new cache, the
+    stable-ABI and core sets). ``wait=False`` does it in a background process of low priority
+    (``%load_ext opmagic`` starts it so: the first cell then finds the headers precompiled, or
+    compiles without them while they are), ``wait=True`` before returning. Headers already
+    precompiled cost nothing. For the default flags and ``opt_level`` (a build with other
+    flags precompiles its own).
+    """
+    toolchain = find_toolchain()
+    if not toolchain.is_gcc:
+        return
+    cache = BuildCache()
+    flags = toolchain.compile_flags(normalise_opt_level(opt_level), ())
+    if sources is None:
+        wanted = _used(cache) or list(FIRST_WARM_UP)
+    else:
+        wanted = [
+            (choose_header_set(s, toolchain, flags, cache).name, preamble_flavours(s))
+            for s in sources
+        ]
+    jobs = []
+    for name, flavours in dict.fromkeys(wanted):
+        header = _prefix_header(prefix_text(_SETS[name], flavours), flags, toolchain, cache)
+        jobs.append(_Precompile(toolchain, flags, header))
+    if not wait:
+        start_in_background(jobs, cache)
+        return
+    stopwatch = Stopwatch("headers", None)
+    for job, (name, _) in zip(jobs, dict.fromkeys(wanted), strict=True):
+        if not job.done():
+            job.run_now(cache, stopwatch, name)
+
+
+@dataclass(frozen=True)
+class _Precompile:
+    """Precompiling one prefix header: the command and the files it leaves in its directory."""
+
+    toolchain: Toolchain
+    flags: list[str]
+    header: Path
+
+    @property
+    def precompiled(self) -> Path:
+        """The precompiled header, once it is done."""
+        return self.header.with_name("prefix.h.gch")
+
+    @property
+    def failed(self) -> Path:
+        """The compiler's output when precompiling failed (then the text is used)."""
+        return self.header.with_name("failed.log")
+
+    @property
+    def marker(self) -> Path:
+        """The pid of the background process that precompiles it, while it does."""
+        return self.header.with_name("precompiling.pid")
+
+    def command(self, output: Path) -> list[str]:
+        """The compiler command that precompiles the header into ``output``."""
+        header = ["-x", "c++-header", str(self.header), "-o", str(output)]
+        return [*self.toolchain.compiler, *self.flags, *header]
+
+    def done(self) -> bool:
+        """Whether the precompiled header is there."""
+        return self.precompiled.is_file()
+
+    def builder(self) -> int | None:
+        """The pid of a live background process precompiling it, if any."""
+        try:
+            pid = int(self.marker.read_text())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            return None
+        return pid
+
+    def run_now(self, cache: BuildCache, stopwatch: Stopwatch, name: str) -> float:
+        """Precompile in this process (or wait for the background process that does); the
+        seconds it took here."""
+        lock = f"prefix-{self.header.parent.name}"
+        with cache.locked(lock, lambda pid: stopwatch.report(f"waiting for pid {pid} (headers)")):
+            while (pid := self.builder()) is not None and not self.done():
+                stopwatch.report(f"waiting for pid {pid}, which precompiles the {name} headers")
+                time.sleep(TICK_SECONDS)
+            if self.done() or self.failed.is_file():
+                return 0.0
+            for stale in self.header.parent.glob("prefix.h.gch.*"):  # left by a killed build
+                stale.unlink()
+            partial = self.header.with_name(f"prefix.h.gch.{os.getpid()}")
+            stopwatch.report(f"precompiling the {name} torch headers (once)")
+            result = run_step(self.command(partial), cwd=self.header.parent, stopwatch=stopwatch)
+            if result.returncode != 0:
+                write_atomic(self.failed, f"{result.command_line}\n{result.output}")
+                return result.seconds
+            os.replace(partial, self.precompiled)
+            return result.seconds
+
+
+def start_in_background(jobs: Sequence[_Precompile], cache: BuildCache) -> None:
+    """Precompile ``jobs`` one after another in a background process of low priority.
+
+    The process outlives this one (a script that ends, a kernel that restarts) and publishes
+    each header as it is done; jobs that are done, failed or being built by another
+    process are skipped.
+    """
+    pending = []
+    for job in jobs:
+        with cache.locked(f"prefix-{job.header.parent.name}"):
+            if job.done() or job.failed.is_file() or job.builder() is not None:
+                continue
+            pending.append(job)
+    if not pending:
+        return
+    steps = []
+    for job in pending:
+        partial = job.header.with_name(f"prefix.h.gch.bg{os.getpid()}")
+        log = job.header.with_name("precompiling.log")
+        failed_partial = job.header.with_name("failed.log.partial")
+        q = shlex.quote
+        steps.append(
+            f"if nice -n {BACKGROUND_NICENESS} {shlex.join(job.command(partial))} "
+            f">{q(str(log))} 2>&1; then mv -f {q(str(partial))} {q(str(job.precompiled))}; "
+            f"else {{ echo {q(shlex.join(job.command(partial)))}; cat {q(str(log))}; }} "
+            f">{q(str(failed_partial))} && mv -f {q(str(failed_partial))} {q(str(job.failed))}; "
+            f"rm -f {q(str(partial))}; fi; rm -f {q(str(log))} {q(str(job.marker))}"
         )
-        if result.returncode != 0:
-            write_atomic(failed, f"{result.command_line}\n{result.output}")
-            return Prefix(header, header_set, False, note=f"precompiling failed: {failed}")
-        os.replace(partial, precompiled)
-        return Prefix(header, header_set, True, result.seconds, macros_file=macros_file)
+    process = subprocess.Popen(
+        ["sh", "-c", "\n".join(steps)],
+        cwd=cache.home,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "LC_ALL": "C"},
+        start_new_session=True,  # not interrupted with the build that started it
+    )
+    for job in pending:
+        write_atomic(job.marker, str(process.pid))
+    threading.Thread(target=process.wait, name="opmagic-precompile", daemon=True).start()
 
 
 def macro_name(define: str) -> str:

@@ -74,7 +74,7 @@ class BuildOptions:
         missing = [d for d in includes if not os.path.isdir(d)]
         if missing:
             raise BuildOptionError(f"Include directory not found: {', '.join(missing)}.")
-        opt = _opt_level(opt_level)
+        opt = normalise_opt_level(opt_level)
         if not isinstance(first_line, int) or first_line < 1:
             raise BuildOptionError(
                 f"first_line must be a positive line number, got {first_line!r}."
@@ -137,7 +137,7 @@ def _split_defines(flags: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, 
     return tuple(others), tuple(defines)
 
 
-def _opt_level(level: int | str) -> str:
+def normalise_opt_level(level: int | str) -> str:
     """``"2"`` for ``2``, ``"2"`` or ``"-O2"``; raises for levels GCC does not have."""
     text = str(level).removeprefix("-O")
     if text not in OPT_LEVELS:

@@ -112,3 +112,14 @@ def test_refresh_operators_forgets_stale_packets_on_every_torch():
         assert torch.ops.shim_refresh.op is not packet  # made again on next use
     finally:
         lib._destroy()
+
+
+def test_hold_operators_keeps_an_entry_alive_until_released():
+    library = torch.library.Library("shim_hold", "DEF")
+    library.define("held(Tensor x) -> Tensor")
+    release = dispatcher.hold_operators(["shim_hold::held"])
+    library._destroy()  # the definition goes; the held entry stays, with no schema
+    assert "shim_hold::held" in dispatcher.all_op_names()
+    assert dispatcher.find_schema("shim_hold::held", "") is None
+    release()
+    assert "shim_hold::held" not in dispatcher.all_op_names()
