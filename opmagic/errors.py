@@ -108,7 +108,18 @@ class CompileError(BuildError, Displayable):
 
 
 class LoadError(BuildError):
-    """A built library could not be loaded (an undefined symbol, a foreign build)."""
+    """A built library could not be loaded: an undefined symbol, a foreign build, or C++ that
+    crashed or registered outside its blocks when tried in a child process (nothing of it was
+    loaded). ``line`` is the source line at fault, when known, in the source's numbering.
+    """
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of a Python traceback: the cause is the C++ code."""
+        return [f"{type(self).__name__}: {self}"]
 
 
 class RegistrationError(OpmagicError):
