@@ -35,6 +35,7 @@ from .errors import (
     CompileError,
     CudaToolkitError,
     ForeignOperatorError,
+    LoadError,
     NoGPUError,
     NotAnOperatorError,
     OperatorNameError,
@@ -51,6 +52,7 @@ from .native import (
     compile_cuda_kernels,
     compile_cuda_library,
     compile_library,
+    precompile_headers,
 )
 
 if TYPE_CHECKING:
@@ -103,6 +105,7 @@ __all__ = [
     "ForeignOperatorError",
     "KernelRow",
     "KeyInfo",
+    "LoadError",
     "LoadedLibrary",
     "Mismatch",
     "NoGPUError",
@@ -132,6 +135,7 @@ __all__ = [
     "explore",
     "kernels",
     "key_info",
+    "precompile_headers",
     "registration_site",
     "resolve",
     "runtime_keys",

@@ -75,12 +75,14 @@ class CacheDirectoryError(BuildError):
 
 
 class CompileError(BuildError, Displayable):
-    """The compiler rejected the source; the message shows the first error at its source line.
+    """The compiler rejected the source; the message shows every error at its source line.
 
-    In a notebook it displays as the error beside its source line, the log folded below.
-    ``diagnostics`` holds every parsed compiler message, ``log`` the full compiler output,
-    ``command`` the command that failed; ``source``, ``label`` and ``first_line`` say which
-    source it was and how the user numbers its lines.
+    In a notebook it displays as the errors beside their source lines, the log folded below;
+    a front end that displayed it sets ``displayed``, and the traceback then adds nothing.
+    ``diagnostics`` holds every parsed compiler message, ``log`` the full compiler output
+    (the source's lines numbered as the user sees them), ``command`` the command that
+    failed; ``source``, ``label`` and ``first_line`` say which source it was and how the user
+    numbers its lines.
     """
 
     def __init__(
@@ -101,10 +103,12 @@ class CompileError(BuildError, Displayable):
         self.source = source
         self.label = label
         self.first_line = first_line
+        self.displayed = False
 
     def _render_traceback_(self) -> list[str]:
-        """IPython shows this instead of a Python traceback: the error is in C++, not here."""
-        return [f"{type(self).__name__}: {self}"]
+        """IPython shows this instead of a Python traceback: the error is in C++, not here
+        (and nothing when the error was displayed already, in a notebook)."""
+        return [] if self.displayed else [f"{type(self).__name__}: {self}"]
 
 
 class LoadError(BuildError):

@@ -13,6 +13,7 @@ and ``TORCH_LIBRARY_FRAGMENT`` namespaces.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ from IPython.display import display
 
 from ..cells.session import active_session
 from ..errors import BuildOptionError, CompileError, OpmagicError
-from ..native import BuildProgress, LoadedLibrary, compile_library
+from ..native import BuildProgress, LoadedLibrary, compile_library, precompile_headers
 from ..native.blocks import scan_blocks
 from ..native.progress import stderr_progress
 from .arguments import BUILD_OPTIONS, COMPARE_OPTIONS, build_keywords, parse_options, with_options
@@ -96,8 +97,9 @@ def load_library_cell(
             progress=progress,
         )
     except CompileError as error:
-        if in_notebook:
+        if in_notebook:  # the errors at their lines, the log folded; no traceback after it
             progress.show(error)
+            error.displayed = True
         raise
     except BuildOptionError as error:
         raise BuildOptionError(f"{magic}: {error}") from None
@@ -114,21 +116,33 @@ def _replaces(identity: tuple, earlier: tuple) -> bool:
 
 @magics_class
 class TorchLibraryMagics(Magics):
-    """The ``%%torch_library`` cell magic."""
+    """The ``%%torch_library`` cell magic.
+
+    Loading it (``%load_ext opmagic``) starts precompiling the torch headers in the
+    background, so that the first cell finds them ready (or builds without them meanwhile).
+    """
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        # no compiler or an unusable cache: the first cell says so, with what to do
+        with contextlib.suppress(OpmagicError, OSError):
+            precompile_headers(wait=False)
 
     @magic_arguments()
     @with_options(BUILD_OPTIONS)
     @with_options(COMPARE_OPTIONS)
     @cell_magic
     def torch_library(self, line: str, cell: str) -> LoadedLibrary:
-        """Compile the cell (C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks), load it,
-        and show the operators and kernels it registered.
+        """Compile the cell (C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks, or their
+        STABLE_TORCH_LIBRARY* forms for the LibTorch stable ABI), load it, and show the
+        operators and kernels it registered.
 
         The cell is written as a real extension source, with its own #include lines; the
         ops are at torch.ops.NAMESPACE.* right after. Re-running the cell replaces what it
         registered before, including changed schemas. Builds are cached per user in
-        $XDG_CACHE_HOME/opmagic. A compile error stops the run and points at the cell line;
-        the previous version of the cell stays loaded.
+        $XDG_CACHE_HOME/opmagic. A compile error stops the run and shows each error at its
+        cell line; a library that crashes or registers outside its blocks when tried in a
+        child process is not loaded; either way the previous version of the cell stays.
         """
         args = parse_options(self.torch_library, line)
         build = functools.partial(compile_library, cell, **build_keywords(args))

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from ..errors import CompileError, MissingHeadersError
 from .cache import BuildCache, digest, write_atomic
 from .compiler import StepResult, run_step
-from .diagnostics import failure_text, first_error, parse_diagnostics
+from .diagnostics import failure_text, first_error, parse_diagnostics, renumber_log
 from .headers import PREAMBLE, Prefix, macro_name, prepare_prefix, record_macro
 from .options import BuildOptions
 from .progress import ProgressCallback, Stopwatch
@@ -418,7 +418,8 @@ def _user_headers(deps_file: Path, include_dirs: tuple[str, ...]) -> list[tuple[
 def compile_error(
     request: BuildRequest, toolchain: Toolchain, step: StepResult, source_name: str
 ) -> Exception:
-    """The exception for a failed compile or link: the first error at its source line."""
+    """The exception for a failed compile or link: its errors at their source lines, and the
+    compiler's output with the source's lines numbered as the user sees them."""
     options = request.options
     diagnostics = parse_diagnostics(step.output, source_name)
     error = first_error(diagnostics)
@@ -431,7 +432,7 @@ def compile_error(
     return CompileError(
         failure_text(library, diagnostics, options.source, options.label, options.first_line),
         diagnostics=diagnostics,
-        log=step.output,
+        log=renumber_log(step.output, source_name, options.first_line),
         command=step.command_line,
         source=options.source,
         label=options.label,

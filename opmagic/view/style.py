@@ -5,7 +5,8 @@ from __future__ import annotations
 # Every HTML view wraps itself in <div class="opmagic"> after this stylesheet.
 STYLESHEET = (
     "<style>.opmagic td,.opmagic th{padding:1px 8px;text-align:left;vertical-align:top;"
-    "font-family:monospace;font-size:12px}.opmagic .dim{color:#888}</style>"
+    "font-family:monospace;font-size:12px}.opmagic .dim{color:#888}"
+    ".opmagic pre{text-align:left;margin:2px 0;font-size:12px;line-height:1.35}</style>"
 )
 
 # text colour per kernel kind (TableEntry.kind), in HTML, diagrams and DataFrames
