@@ -155,9 +155,9 @@ def test_a_null_dereference_in_a_block_names_the_function_and_keeps_the_previous
     outcomes,
 ):
     report = outcomes["block_null"]
-    assert report["message"].startswith("cell [2], line 6: libcrash_block.so crashed while ")
+    assert report["message"].startswith("cell [2], line 7: libcrash_block.so crashed while ")
     assert (
-        "registering its TORCH_LIBRARY(crash_block) block (cell [2], line 7)" in report["message"]
+        "registering its TORCH_LIBRARY(crash_block) block (cell [2], line 8)" in report["message"]
     )
     assert "SIGSEGV" in report["message"] and "in name_length()" in report["message"]
     assert "cell [1] stays registered" in report["message"] and report["line"] == 6
