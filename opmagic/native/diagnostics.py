@@ -41,6 +41,7 @@ _CONTEXT_SITE = re.compile(
 _SOURCE_EXCERPT = re.compile(r"^\s*\d*\s*\|")
 _UNKNOWN_KEY = re.compile(r"['‘](\w+)['’] is not a member of ['‘]c10::DispatchKey['’]")
 _MARGIN = re.compile(r"^(?P<pad> *)(?P<number>\d+)(?P<rest> \|.*)$")  # GCC's "  12 | code"
+_LINKER = re.compile(r"^(?:ld(?:\.\w+)?|mold)$")  # linkers that name themselves in messages
 _TAB_STOP = 8  # GCC's -ftabstop default, by which it counts columns after a tab
 ERRORS = ("error", "fatal error")
 MAX_SHOWN_ERRORS = 10  # errors a message shows at their lines; the log has every one
@@ -232,6 +233,9 @@ def failure_text(
         if error.file == "collect2" and error.context:  # "ld returned 1 exit status": say why
             head = f"{library}: link error:"
             message = "\n  ".join(error.context)
+        elif error.file is not None and _LINKER.match(error.file):  # ld.lld: error: ...
+            head = f"{library}: link error:"
+            message = f"{error.file}: {message}"
         if error.file is not None and error.line is not None and not error.in_source:
             message += f"  [reported in {shorten_path(error.file)}:{error.line}]"
         lines += [head, f"  {message}"]

@@ -107,7 +107,9 @@ def test_an_unknown_dispatch_key_is_named_with_close_matches(loaded):
         ),
         pytest.param(
             {"extra_ldflags": ["-lno_such_library"]},
-            r"link error:\n  \S*ld\S*: (error: )?cannot find -lno_such_library",  # bfd or gold
+            # bfd, gold, lld or mold
+            r"link error:\n  \S*(ld|mold)\S*: (error: |fatal: )?"
+            r"(cannot find -l|unable to find library -l|library not found: )no_such_library",
             id="linker-flag",
         ),
     ],
