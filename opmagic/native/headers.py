@@ -33,7 +33,7 @@ from pathlib import Path
 from .blocks import scan_blocks
 from .cache import BuildCache, digest, write_atomic
 from .compiler import run_step
-from .options import DEFAULT_OPT_LEVEL, normalise_opt_level
+from .options import DEFAULT_OPT_LEVEL, BuildOptions, normalise_opt_level
 from .progress import TICK_SECONDS, Stopwatch
 from .toolchain import Toolchain, find_toolchain
 
@@ -298,40 +298,64 @@ def precompile_headers(
     sources: Sequence[str] | None = None,
     *,
     opt_level: int | str = DEFAULT_OPT_LEVEL,
+    extra_cflags: Sequence[str] | str = (),
     wait: bool = True,
 ) -> None:
     """Precompile the torch headers that builds of ``sources`` use, ahead of those builds.
 
-    Without ``sources``: every header set builds in this cache have used (on a new cache, the
-    stable-ABI and core sets). ``wait=False`` does it in a background process of low priority
-    (``%load_ext opmagic`` starts it so: the first cell then finds the headers precompiled, or
-    compiles without them while they are), ``wait=True`` before returning. Headers already
-    precompiled cost nothing. For the default flags and ``opt_level`` (a build with other
-    flags precompiles its own).
+    ``opt_level`` and ``extra_cflags`` as the builds will have them (they select the
+    precompiled header). Without ``sources``: every header set builds in this cache have
+    used (on a new cache, the stable-ABI and core sets), with the default flags.
+    ``wait=False`` does it in a background process of low priority (``%load_ext opmagic``
+    starts it so: the first cell then finds the headers precompiled, or compiles without
+    them while they are), ``wait=True`` before returning. Headers already precompiled cost
+    nothing.
     """
     toolchain = find_toolchain()
     if not toolchain.is_gcc:
         return
     cache = BuildCache()
-    flags = toolchain.compile_flags(normalise_opt_level(opt_level), ())
-    if sources is None:
-        wanted = _used(cache) or list(FIRST_WARM_UP)
-    else:
-        wanted = [
-            (choose_header_set(s, toolchain, flags, cache).name, preamble_flavours(s))
-            for s in sources
-        ]
-    jobs = []
-    for name, flavours in dict.fromkeys(wanted):
-        header = _prefix_header(prefix_text(_SETS[name], flavours), flags, toolchain, cache)
-        jobs.append(_Precompile(toolchain, flags, header))
-    if not wait:
-        start_in_background(jobs, cache)
+    if sources is not None:
+        for source in sources:
+            options = BuildOptions.create(
+                source,
+                cuda=False,
+                name=None,
+                extra_cflags=extra_cflags,
+                extra_ldflags=(),
+                include_dirs=(),
+                opt_level=opt_level,
+                precompiled_headers=True,
+                force=False,
+                verbose=False,
+                label=None,
+                first_line=1,
+            )
+            flags = toolchain.compile_flags(options.opt_level, options.cflags)
+            stopwatch = Stopwatch("headers", None)
+            prepare_prefix(
+                options.source,
+                toolchain,
+                flags,
+                options.defines,
+                cache,
+                stopwatch,
+                precompile=True,
+                retry_failed=False,
+                wait=wait,
+            )
         return
-    stopwatch = Stopwatch("headers", None)
-    for job, (name, _) in zip(jobs, dict.fromkeys(wanted), strict=True):
+    flags = toolchain.compile_flags(normalise_opt_level(opt_level), ())
+    jobs = []
+    for name, flavours in dict.fromkeys(_used(cache) or FIRST_WARM_UP):
+        header = _prefix_header(prefix_text(_SETS[name], flavours), flags, toolchain, cache)
+        jobs.append((name, _Precompile(toolchain, flags, header)))
+    if not wait:
+        start_in_background([job for _, job in jobs], cache)
+        return
+    for name, job in jobs:
         if not job.done():
-            job.run_now(cache, stopwatch, name)
+            job.run_now(cache, Stopwatch("headers", None), name)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from opmagic.native import BuildProgress, compile_library
+from opmagic.native import BuildProgress, compile_library, precompile_headers
 from opmagic.native.toolchain import find_toolchain
 
 from .sources import op_source
@@ -83,7 +83,7 @@ def test_verbose_prints_the_commands_and_force_rebuilds(loaded, capsys):
     assert "-shared" in err  # the link command
 
 
-def test_options_reach_the_compiler(loaded, tmp_path):
+def test_options_reach_the_compiler(loaded, core_precompiled, tmp_path):
     include = tmp_path / "include"
     include.mkdir()
     (include / "factor.h").write_text("constexpr int kFactor = 7;\n")
@@ -148,20 +148,41 @@ def test_a_gcc_without_a_shared_libstdcxx_links_the_process_one(loaded, tmp_path
 
 
 @pytest.mark.slow
-def test_a_macro_that_changes_torch_headers_gets_its_own_precompiled_header(loaded):
+def test_a_macro_that_changes_torch_headers_gets_its_own_precompiled_header(
+    loaded, core_precompiled
+):
     """GCC refuses a precompiled header built without a -D that the headers test (NDEBUG);
-    the build still works, and the next one precompiles the headers with the flag."""
+    the build still works, and the next one precompiles the headers with the flag (in the
+    background: here, waited for)."""
     source = op_source("cl_ndebug")
     first = compile_library(source, extra_cflags=["-DNDEBUG"], progress=None)
     loaded.append(first)
     assert not first.build.precompiled
     assert "`NDEBUG' is defined" in first.build.note and "next build" in first.build.note
+    precompile_headers([source], extra_cflags=["-DNDEBUG"])
     second = compile_library(
         source, extra_cflags=["-DNDEBUG"], force=True, replace=first, progress=None
     )
     loaded.append(second)
-    assert second.build.precompiled and second.build.headers_seconds > 0
+    assert second.build.precompiled
     assert torch.ops.cl_ndebug.scale(torch.ones(1)).item() == 2.0
+
+
+@pytest.mark.slow
+def test_a_missing_precompiled_header_is_built_in_the_background_not_waited_for(loaded):
+    """The first build of a header set parses the headers itself while a background process
+    precompiles them; a build after that process is done uses them."""
+    source = op_source("cl_background", extra="// a flag of its own: a prefix of its own\n")
+    first = compile_library(source, extra_cflags=["-fno-plt"], progress=None)
+    loaded.append(first)
+    assert not first.build.precompiled
+    assert "being precompiled in the background" in first.build.note
+    precompile_headers([source], extra_cflags=["-fno-plt"])  # waits for that process
+    second = compile_library(
+        source, extra_cflags=["-fno-plt"], force=True, replace=first, progress=None
+    )
+    loaded.append(second)
+    assert second.build.precompiled and second.build.headers_seconds == 0
 
 
 def test_without_precompiled_headers(loaded):
@@ -185,6 +206,8 @@ def test_ccache_is_used_when_cxx_names_it(loaded, tmp_path, monkeypatch):
     )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    assert find_toolchain().ccache is None
+    monkeypatch.setenv("CXX", f"{fake} g++")
     library = compile_library(op_source("cl_ccache"), force=True, progress=None)
     loaded.append(library)
     basedir, sloppiness, command = log.read_text().strip().split("|")
@@ -192,5 +215,3 @@ def test_ccache_is_used_when_cxx_names_it(loaded, tmp_path, monkeypatch):
     assert "pch_defines" in sloppiness and "time_macros" in sloppiness
     assert "-c cl_ccache.cpp" in command
     assert library.build.commands[0].startswith(str(fake))
-    assert find_toolchain().ccache is None
-    monkeypatch.setenv("CXX", f"{fake} g++")

@@ -89,7 +89,7 @@ def cuda_kernel_of(op: object, *args: object) -> object:
     return op.redispatch(torch._C.DispatchKeySet("CUDA"), *args)
 
 
-def test_a_cu_builds_split_loads_and_registers_its_cuda_kernels(loaded):
+def test_a_cu_builds_split_loads_and_registers_its_cuda_kernels(loaded, core_precompiled):
     source = vector_ops("cu_split")
     library = compile_cuda_library(source, label="cell [2]", first_line=2, progress=None)
     loaded.append(library)
