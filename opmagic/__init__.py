@@ -19,12 +19,17 @@ from .dispatch import (
     OverloadTables,
     Resolution,
     Step,
+    Surprise,
+    Surprises,
     TableEntry,
+    Trace,
+    TracedCall,
     dispatch_table,
     kernels,
     key_info,
     resolve,
     runtime_keys,
+    trace,
 )
 from .dispatch.contexts import CallContext
 from .errors import (
@@ -118,9 +123,13 @@ __all__ = [
     "Session",
     "SessionReport",
     "Step",
+    "Surprise",
+    "Surprises",
     "SweepProgress",
     "TableEntry",
     "ToolchainError",
+    "Trace",
+    "TracedCall",
     "UnknownOperatorError",
     "active_session",
     "cdiv",
@@ -139,4 +148,5 @@ __all__ = [
     "registration_site",
     "resolve",
     "runtime_keys",
+    "trace",
 ]

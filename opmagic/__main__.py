@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,8 @@ from .magics.arguments import CONTEXT_OPTIONS, add_options, call_context
 
 if TYPE_CHECKING:
     from .view.graph import Diagram
+
+KERNEL_ROWS = 60  # rows `kernels` prints unless --rows says otherwise
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="only operators without a kernel of their own for KEY (e.g. Meta)",
     )
+    kernels.add_argument(
+        "--rows",
+        default=str(KERNEL_ROWS),
+        type=_rows,
+        metavar="N",
+        help=f"print the first N rows (default {KERNEL_ROWS}), or 'all'",
+    )
     return parser
 
 
@@ -100,7 +110,10 @@ def _table(options: argparse.Namespace) -> str:
             f"{options.op} has {len(tables)} overloads; name one for --svg, e.g. {tables[0].op}"
         )
     _write_svg(options.svg, tables[0].diagram(show_all=options.all))
-    return "\n\n".join(table_text(t, include_missing=options.all) for t in tables)
+    return "\n\n".join(
+        table_text(t, show_all=options.all, show_all_hint=f"python -m opmagic table {t.op} --all")
+        for t in tables
+    )
 
 
 def _resolve(options: argparse.Namespace) -> str:
@@ -115,21 +128,44 @@ def _resolve(options: argparse.Namespace) -> str:
     return str(resolution)
 
 
-def _kernels(options: argparse.Namespace) -> str:
-    import pandas as pd
-
+def _kernels(options: argparse.Namespace, argv: Sequence[str]) -> str:
+    """``kernels``: the frame as text fitting the terminal, folded after ``--rows`` rows."""
     from .dispatch import kernels
+    from .view.frames import frame_text
 
     keys = None
     if options.key:
         keys = "all" if options.key == ["all"] else options.key
     frame = kernels(options.namespace, keys, wide=options.wide, missing=options.missing)
-    with pd.option_context("display.max_rows", None, "display.width", 200):
-        return frame.to_string()
+    limit = None if options.rows == "all" else int(options.rows)
+    command = " ".join(["python -m opmagic", *_without_rows(argv), "--rows all"])
+    return frame_text(frame, limit, command)
+
+
+def _rows(value: str) -> str:
+    """``--rows``: a positive number or ``all``."""
+    if value != "all" and not (value.isdigit() and int(value) > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number or 'all', got {value!r}")
+    return value
+
+
+def _without_rows(argv: Sequence[str]) -> list[str]:
+    """The command line's arguments without its ``--rows`` option."""
+    out: list[str] = []
+    skip = False
+    for argument in argv:
+        if skip:
+            skip = False
+        elif argument == "--rows":
+            skip = True
+        elif not argument.startswith("--rows="):
+            out.append(shlex.quote(argument))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     options = _parser().parse_args(argv)
     try:
         if options.command == "table":
@@ -137,11 +173,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif options.command == "resolve":
             output = _resolve(options)
         else:
-            output = _kernels(options)
+            output = _kernels(options, argv)
     except OpmagicError as exc:
         print(f"opmagic: {exc}", file=sys.stderr)
         return 2
-    print(output)
+    try:
+        print(output)
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        sys.stderr.close()
     return 0
 
 

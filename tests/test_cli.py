@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from opmagic import kernels
 from opmagic.__main__ import main
 
 from .view.svgfacts import svg_facts
 
 ROOT = Path(__file__).resolve().parents[1]
+MM_ARGS = ["--args", "torch.randn(2, 2, 3), torch.randn(2, 3, 4)"]
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def run_cli(*args: str, columns: int = 100) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(columns)}
     return subprocess.run(
         [sys.executable, "-m", "opmagic", *args],
         capture_output=True,
@@ -33,9 +35,30 @@ def test_table():
     result = run_cli("table", "aten::add.Tensor")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("aten::add.Tensor(Tensor self")
-    assert "AutogradNestedTensor" in result.stdout and "other keys have no kernel" in result.stdout
+    words = " ".join(result.stdout.split())
+    assert "AutogradCPU, AutogradCUDA + 16 more keys via Autograd" in words
+    assert "PythonDispatcher" not in words  # a fallback: listed with --all, which it names
+    assert "with no kernel (a call reaching them fails); all keys: python -m opmagic table" in words
     full = run_cli("table", "aten::add.Tensor", "--all")
     assert "TESTING_ONLY_GenericMode" in full.stdout and "missing" in full.stdout
+    assert "PythonDispatcher" in full.stdout
+
+
+@pytest.mark.parametrize("columns", [60, 80, 150])
+def test_output_fits_the_terminal(
+    columns: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Every line within $COLUMNS, but for a lone path longer than the line."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    for args in (
+        ["table", "aten::add.Tensor"],
+        ["kernels", "--namespace", "aten"],
+        ["kernels", "-n", "aten", "--wide"],
+        ["resolve", "aten::mm", *MM_ARGS, "--vmap"],
+    ):
+        assert main(args) == 0
+        for line in capsys.readouterr().out.splitlines():
+            assert len(line) <= columns or " " not in line.strip(), (args, line)
 
 
 def test_table_of_a_packet_without_default_lists_every_overload():
@@ -65,11 +88,26 @@ def test_resolve_with_contexts():
     assert "no_grad" in kwargs.stdout
 
 
-def test_kernels_long_and_wide():
-    long = run_cli("kernels", "--namespace", "aten", "--key", "Meta")
-    assert long.returncode == 0 and "aten::add" in long.stdout and "Meta" in long.stdout
+def test_kernels_long_and_wide_are_folded_with_the_command_for_all_rows():
+    long = run_cli("kernels", "--namespace", "aten", "--key", "Meta", "--rows", "5")
+    assert long.returncode == 0, long.stderr
+    lines = long.stdout.splitlines()
+    assert lines[0].startswith("aten::") and lines[1].startswith("  Meta: ")
+    total = len(kernels("aten", ["Meta"]))
+    assert (
+        " ".join(lines[-2:]).split()
+        == (
+            f"... {total - 5:,} more rows ({total:,} in all); all of them: python -m opmagic "
+            "kernels --namespace aten --key Meta --rows all"
+        ).split()
+    )
+    everything = run_cli("kernels", "--namespace", "aten", "--key", "Meta", "--rows", "all")
+    assert "more rows" not in everything.stdout and "NaN" not in everything.stdout
+    assert everything.stdout.count("  Meta: ") == total
     wide = run_cli("kernels", "-n", "aten", "-k", "CPU", "-k", "Meta", "--wide")
-    assert "overload" in wide.stdout and "fallback" in wide.stdout
+    total_ops = len(kernels("aten", ["CPU"], wide=True))
+    assert wide.stdout.splitlines()[0].split() == ["op", "CPU", "Meta"]
+    assert "fallback" in wide.stdout and f"{total_ops - 60:,} more rows" in wide.stdout
 
 
 @pytest.mark.parametrize(
@@ -81,15 +119,13 @@ def test_kernels_long_and_wide():
         (("resolve", "aten::mm", "--kwargs", "[1]"), "--kwargs must evaluate to a dict"),
         (("kernels", "-n", "nosuchns"), "No operators in namespace 'nosuchns'"),
         (("kernels", "-k", "Autograd"), "'Autograd' is an alias key"),
+        (("kernels", "--rows", "0"), "expected a positive number or 'all'"),
     ],
 )
 def test_errors_are_one_line_on_stderr_with_status_2(args, message):
     result = run_cli(*args)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
-
-
-MM_ARGS = ["--args", "torch.randn(2, 2, 3), torch.randn(2, 3, 4)"]
 
 
 def test_resolve_under_contexts_writes_the_path_diagram(
@@ -107,7 +143,7 @@ def test_resolve_under_contexts_writes_the_path_diagram(
 def test_table_svg_draws_every_key_with_all(tmp_path: Path) -> None:
     svg = tmp_path / "table.svg"
     assert main(["table", "aten::add.Tensor", "--all", "--svg", str(svg)]) == 0
-    assert "PythonDispatcher" in svg_facts(svg.read_text()).nodes
+    assert "PythonDispatcher" in svg_facts(svg.read_text()).all_text
 
 
 def test_table_svg_needs_one_overload(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
@@ -116,10 +152,12 @@ def test_table_svg_needs_one_overload(capsys: pytest.CaptureFixture, tmp_path: P
 
 
 def test_kernels_missing(capsys: pytest.CaptureFixture) -> None:
-    assert main(["kernels", "-n", "aten", "-k", "CPU", "--missing", "Meta", "--wide"]) == 0
+    args = ["kernels", "-n", "aten", "-k", "CPU", "--missing", "Meta", "--wide", "--rows", "all"]
+    assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["CPU", "Meta"]
-    assert all(line.split()[-1] in ("missing", "fallback", "fallthrough") for line in lines[2:])
+    assert lines[0].split() == ["op", "CPU", "Meta"]
+    rows = [line.split() for line in lines[1:] if line.startswith(" ") or len(line.split()) > 1]
+    assert rows and all(row[-1] in ("missing", "fallback", "fallthrough") for row in rows)
 
 
 def test_logging_mode_and_bad_autocast(capsys: pytest.CaptureFixture) -> None:

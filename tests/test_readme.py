@@ -4,6 +4,7 @@ IPython shell of a fresh process (the examples define operators of their own).""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PYTHONPATH = os.environ.get("PYTHONPATH", "")
 # fenced blocks a user pastes into a notebook cell: Python, and C++/CUDA cells of the magics
 _RUNNABLE = ("python", "cpp", "cuda")
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -46,9 +49,11 @@ def test_the_readme_has_examples_to_run() -> None:
 
 
 @pytest.mark.slow
-def test_every_readme_example_runs_as_written(build_cache: Path) -> None:
-    done = subprocess.run(
+def test_every_readme_example_runs_as_written(build_cache: Path, tmp_path: Path) -> None:
+    done = subprocess.run(  # in a directory of its own: examples save files where they run
         [sys.executable, "-c", _RUNNER],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), PYTHONPATH]))},
         input=json.dumps(readme_cells()),
         capture_output=True,
         text=True,

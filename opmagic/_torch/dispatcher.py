@@ -100,6 +100,12 @@ def dispatch_modes() -> list[Any]:
     return [_C._get_dispatch_stack_at(i) for i in range(_C._len_torch_dispatch_stack())]
 
 
+def torch_function_disabled() -> Any:
+    """A guard under which ``__torch_function__`` (modes and subclasses) is not consulted, so
+    reading a tensor's attributes runs no user code."""
+    return _C.DisableTorchFunction()
+
+
 def autograd_fallback_mode() -> str:
     """What the autograd fallback does for ops with no autograd kernel (``warn``, ``nothing``)."""
     return _C._get_autograd_fallback_mode()
@@ -222,6 +228,29 @@ def py_kernel_keys(op_overload: Any) -> list[str]:
     ]
 
 
+def python_kernel(op_overload: Any, key: str) -> Any | None:
+    """The Python function ``py_impl`` put on an OpOverload for ``key``, or None.
+
+    ``torch/_meta_registrations.py`` registers each Python Meta kernel both here and with
+    the dispatcher (through one ``Library``, whose line is all the dispatcher records).
+    """
+    dispatch_key = getattr(_C.DispatchKey, key, None)
+    if dispatch_key is None:
+        return None
+    return getattr(op_overload, "py_kernels", {}).get(dispatch_key)
+
+
+def library_autocast_dtype(op_overload: Any, autocast_key: str) -> torch.dtype | None:
+    """The dtype ``torch.library.register_autocast`` casts to at ``autocast_key`` for an op
+    that is not a custom_op (its rule is a Python kernel closing over ``cast_inputs``)."""
+    rule = python_kernel(op_overload, autocast_key)
+    code = getattr(rule, "__code__", None)
+    if code is None or "cast_inputs" not in code.co_freevars or not rule.__closure__:
+        return None
+    dtype = rule.__closure__[code.co_freevars.index("cast_inputs")].cell_contents
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
 def is_fake_mode(mode: Any) -> bool:
     """Whether a dispatch mode is a FakeTensorMode."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -263,6 +292,135 @@ def hold_operators(qualnames: Iterable[str]) -> Callable[[], None]:
             library.reset()
 
     return release
+
+
+# ---------------------------------------------------------------- call arguments
+
+
+def check_call_arguments(schema: Any, args: tuple, kwargs: dict) -> None:
+    """Convert a call's arguments as the boxed Python call does (``createStackForSchema``),
+    without running anything; raises RuntimeError with torch's words when one does not fit."""
+    _C._check_schema_allow_fake_script_object(schema, *args, **kwargs)
+
+
+def allows_numbers_as_tensors(qualname: str) -> bool:
+    """Whether torch turns numbers passed for Tensor arguments of this op into tensors
+    (``aten::add``, ``aten::mul``, ... and prims), as its Python calls do."""
+    namespace, _, name = qualname.partition("::")
+    return namespace == "prims" or (
+        namespace == "aten" and _C._should_allow_numbers_as_tensors(name)
+    )
+
+
+def new_scalar_tensor() -> torch.Tensor:
+    """A 0-dim CPU tensor made the way ``scalar_to_tensor`` makes one for a number passed as
+    a Tensor: outside every mode, transform and TorchFunctionMode, but an inference tensor
+    under inference_mode."""
+    backend_select = _C.DispatchKeySet(_C.DispatchKey.BackendSelect)
+    with (
+        _C.DisableTorchFunction(),
+        _C._ForceDispatchKeyGuard(backend_select, backend_select - backend_select),
+    ):
+        return torch.empty(())
+
+
+# ---------------------------------------------------------------- tensor subclasses and modes
+
+
+def is_traceable_wrapper_subclass(tensor: torch.Tensor) -> bool:
+    """Whether a tensor is a wrapper subclass that says what it wraps (``__tensor_flatten__``)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass as check
+
+    return check(tensor)
+
+
+def inner_tensor_names(tensor: torch.Tensor) -> list[str]:
+    """The attributes holding a traceable wrapper subclass's inner tensors, in its order."""
+    return list(tensor.__tensor_flatten__()[0])
+
+
+def has_own_storage(tensor: torch.Tensor) -> bool:
+    """Whether a tensor holds data of its own (``_make_subclass``), unlike a wrapper subclass
+    made by ``_make_wrapper_subclass``, whose storage is a placeholder."""
+    try:
+        tensor.untyped_storage().data_ptr()
+    except RuntimeError:
+        return False
+    return True
+
+
+def fake_mode_of(tensor: torch.Tensor) -> Any:
+    """The FakeTensorMode a FakeTensor belongs to."""
+    return tensor.fake_mode
+
+
+def fake_mode_refuses(mode: Any, tensor: torch.Tensor) -> bool:
+    """Whether FakeTensorMode refuses a tensor argument: not one of its own fakes, and the
+    mode does not convert real inputs (``allow_non_fake_inputs`` off)."""
+    from torch._subclasses.fake_tensor import fake_tensor_tls
+
+    if mode.is_our_fake(tensor):
+        return False
+    override = fake_tensor_tls.allow_non_fake_inputs_override
+    return not (mode.allow_non_fake_inputs if override is None else override)
+
+
+def is_functional_tensor_mode(mode: Any) -> bool:
+    """Whether a dispatch mode is Python functionalization's FunctionalTensorMode."""
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    return isinstance(mode, FunctionalTensorMode)
+
+
+def is_functional_tensor_subclass(cls: type) -> bool:
+    """Whether a tensor subclass is Python functionalization's FunctionalTensor."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return issubclass(cls, FunctionalTensor)
+
+
+def functional_tensor_elem(tensor: torch.Tensor) -> torch.Tensor:
+    """The C++ FunctionalTensorWrapper a FunctionalTensor holds."""
+    return tensor.elem
+
+
+def functional_tensor_metadata_ops() -> frozenset[Any]:
+    """The metadata queries FunctionalTensorMode answers without decomposing."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return FunctionalTensor.metadata_fns
+
+
+def functional_mode_can_decompose(mode: Any, op_overload: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether FunctionalTensorMode decomposes this call (if the op has a CIA kernel)."""
+    return mode._can_decompose(op_overload, args, kwargs)
+
+
+def can_auto_functionalize(op_overload: Any) -> bool:
+    """Whether Python functionalization handles this mutable op with auto_functionalize."""
+    from torch._higher_order_ops.auto_functionalize import can_auto_functionalize as check
+
+    return check(op_overload)
+
+
+def has_effects(op_overload: Any) -> bool:
+    """Whether an op is registered as side-effectful (Python functionalization threads tokens)."""
+    from torch._higher_order_ops.effects import has_effects as check
+
+    return check(op_overload)
+
+
+def jagged_rule(op_overload: Any, args: tuple, kwargs: dict) -> Any | None:
+    """The jagged NestedTensor's rule for this call (its op table, or the pointwise rule), or
+    ``None``; raises as the real call does when a pointwise op's arguments do not fit."""
+    from torch.nested._internal.ops import lookup_jagged
+
+    return lookup_jagged(op_overload, *args, **kwargs)
+
+
+def vmap_fallback_enabled() -> bool:
+    """Whether vmap may use its per-sample fallback for ops without a batching rule."""
+    return _C._functorch._is_vmap_fallback_enabled()
 
 
 # ---------------------------------------------------------------- contexts for a call

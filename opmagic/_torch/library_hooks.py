@@ -41,6 +41,8 @@ _PYTHON_REGISTRATIONS = {
     "register_symm_mem_args": "symm_mem_args",
     "_register_effectful_op": "effect",
 }
+# the kinds of which torch keeps one per operator, a newer registration replacing the older
+_REPLACED_PYTHON_REGISTRATIONS = ("symm_mem_args", "effect")
 
 
 class RegistrationRouter(Protocol):
@@ -70,6 +72,12 @@ class Registration(abc.ABC):
     key: str | None  # the dispatch key, or the torch_dispatch class name
     site: Site
     seq: int = 0  # order of registration in the session (set by the session)
+    # Whether a newer registration with the same identity replaces this one. Where torch
+    # keeps both instead (kernels stack in the dispatcher, fake impls in their holder: the
+    # newest runs, and removing it brings the older back) or refuses the newer one (a second
+    # fallback for a key, a second torch_dispatch rule), it is False: the session leaves it
+    # to torch.
+    exclusive: bool = True
 
     def __init__(self) -> None:
         self.state = "new"  # "applied", "removed" (can be re-applied) or "dead"
@@ -131,6 +139,7 @@ class DispatcherRegistration(Registration):
         self.module, self.method, self.args, self.site = module, method, args, site
         self._library: Any = None
         self.result: Any = None
+        self._python_impl_record: str | None = None  # what _undo took out of torch.library
         namespace = module.namespace
         if method == "define":
             self.kind, self.key = "def", None
@@ -145,6 +154,7 @@ class DispatcherRegistration(Registration):
             self.kind, self.op, self.key = "impl", _qualify(namespace, args[0]), "ADInplaceOrView"
         else:
             self.kind, self.op, self.key = "impl", _qualify(namespace, args[0]), args[1]
+        self.exclusive = self.kind in ("def", "namespace")
 
     @functools.cached_property
     def definition(self) -> tuple[str, str, frozenset]:
@@ -198,6 +208,22 @@ class DispatcherRegistration(Registration):
         super().discard()
         self.module.registrations.pop(id(self), None)
 
+    def _set_python_impl_record(self, present: bool) -> None:
+        """Keep ``Library.impl``'s record of Python kernels (``torch.library._impls``, which its
+        ``allow_override=False`` consults) as destroying the kernel's Library would: a removed
+        kernel (a re-run cell's previous one) no longer counts as registered."""
+        library = self.module.library()
+        if self.method != "impl" or library is None:
+            return
+        record = f"{self.module.namespace}/{self.args[0].split('::')[-1]}/{self.args[1]}"
+        if not present and record in library._op_impls:
+            library._op_impls.discard(record)
+            torch.library._impls.discard(record)
+            self._python_impl_record = record
+        elif present and self._python_impl_record == record:
+            library._op_impls.add(record)
+            torch.library._impls.add(record)
+
     def describe(self) -> str:
         if self.kind == "def":
             return f"def {self.module.namespace}::{self.args[0]}"
@@ -210,11 +236,13 @@ class DispatcherRegistration(Registration):
     def _undo(self) -> None:
         self._library.reset()
         self._library = None
+        self._set_python_impl_record(present=False)
 
     def _redo(self) -> bool:
         if self.module.destroyed:
             return False
         self.apply()
+        self._set_python_impl_record(present=True)
         return True
 
 
@@ -229,6 +257,7 @@ class PythonRegistration(Registration):
         super().__init__()
         self.library, self.method, self.arguments, self.site = library, method, arguments, site
         self.kind = _PYTHON_REGISTRATIONS[method]
+        self.exclusive = self.kind in _REPLACED_PYTHON_REGISTRATIONS
         target = arguments["op_name"]
         target = target if isinstance(target, str) else target._name
         self.op = _qualify(library.ns, target)

@@ -305,7 +305,12 @@ def _refuse_foreign(qualname: str) -> None:
         else custom_op_state.custom_op_def(qualname) is not None
     )
     if not owned:
-        raise ForeignOperatorError(foreign_operator_message(qualname))
+        message = (
+            session.redefinition_refused(qualname)
+            if session is not None
+            else foreign_operator_message(qualname)
+        )
+        raise ForeignOperatorError(message)
 
 
 def _parse(source: str, filename: str) -> ast.Module:
@@ -410,18 +415,38 @@ def _run(
 
 
 def _cell_error(error: BaseException, filename: str, qualname: str) -> CellSourceError:
-    """One message for a Python error in the cell, pointing at the cell's line."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == filename]
-    line = frames[-1].lineno if frames and frames[-1].lineno else 1
-    text = linecache.getline(filename, line).strip()
+    """One message for a Python error in the cell, pointing at the cell's line.
+
+    When the error comes from a helper the cell called, the message shows the cell's call
+    chain, outermost first, each frame at its cell line (and where outside the cell it
+    was raised), so the line that started it is there as well as the line that raised.
+    """
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [f for f in frames if f.filename == filename]
+    line = own[-1].lineno if own and own[-1].lineno else 1
     state = (
         f"the previous {qualname} is still registered"
         if custom_op_state.custom_op_def(qualname) is not None
         else f"{qualname} was not registered"
     )
+    if len(own) <= 1:
+        chain = [f"    {linecache.getline(filename, line).strip()}"]
+    else:
+        chain = [
+            f"    {label_location(filename, f.lineno or 1)}"
+            + (f", in {f.name}" if f.name != "<module>" else "")
+            + f": {linecache.getline(filename, f.lineno or 1).strip()}"
+            for f in own
+        ]
+    if frames and frames[-1].filename != filename and own:
+        raised = frames[-1]
+        chain.append(
+            f"    (raised in {raised.name}, {label_location(raised.filename, raised.lineno or 1)})"
+        )
     return CellSourceError(
-        f"{label_location(filename, line)}: {type(error).__name__}: {error}\n    {text}\n"
-        f"Fix the cell and run it again; {state}.",
+        f"{label_location(filename, line)}: {type(error).__name__}: {error}\n"
+        + "\n".join(chain)
+        + f"\nFix the cell and run it again; {state}.",
         filename=filename,
         line=line,
     )

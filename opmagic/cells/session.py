@@ -11,9 +11,13 @@ Python-side entry it is) so that it can be removed and re-applied alone.
 - Re-running a cell (same key) first removes the kernels and Python-side registrations of its
   previous run and reverts that run's changes to custom ops of other cells. Its operator
   definitions stay until the new run defines them again or succeeds.
-- A registration replaces the session's earlier registration with the same identity (the
-  same definition, the same operator and dispatch key, ...), whichever cell made it; defining
-  an operator again removes every registration that other cells made on it.
+- Otherwise torch.library's own rules hold, whichever cells register: a kernel or fake impl
+  sits on top of an earlier one for the same operator and key, and removing it (destroying
+  its Library, re-running its cell) brings the earlier one back; torch's own errors
+  (``allow_override=False``, a second fallback for a key, a second torch_dispatch rule) keep
+  their wording. What torch keeps one of (a definition, a namespace claim, a Python kernel
+  of an OpOverload) replaces the session's earlier one; defining an operator again removes
+  every registration that other cells made on it.
 - A run that fails is rolled back: what it registered goes, what it removed comes back.
 - A run that succeeds drops for good what it replaced and what is left of its cell's previous
   run (definitions it no longer makes, its Library objects, tracked handles).
@@ -222,18 +226,24 @@ class Session:
         return self
 
     def close(self) -> None:
-        """Remove everything the session registered and stop routing registrations."""
+        """Remove everything the session registered and stop routing registrations.
+
+        Every cell's teardown runs to its end even when a step of it fails (a tracked handle
+        whose ``close()`` raises, say); the first failure is raised once all of it is done.
+        """
         global _active
+        failures = _Failures()
         if self._run is not None:
             self._depth = 0
-            self.finish(success=True)
-        try:
-            for record in [*reversed(self._records.values()), self._outside]:
+            with failures.kept():
+                self.finish(success=True)
+        for record in [*reversed(self._records.values()), self._outside]:
+            with failures.kept():
                 self._teardown(record, revert=True)
-            self._records.clear()
-        finally:
-            library_hooks.remove_registration_hooks()
-            _active = None
+        self._records.clear()
+        library_hooks.remove_registration_hooks()
+        _active = None
+        failures.raise_first()
 
     @contextlib.contextmanager
     def cell(
@@ -307,7 +317,8 @@ class Session:
         cell runs again and succeeds, when the run that tracked it fails, or at
         ``close()``. Outside a cell it is closed at ``close()``. ``%opmagic session`` shows
         ``description``, else the handle's own ``description`` attribute, else ``str(handle)``.
-        Returns ``handle``.
+        A handle listing ``operators`` (objects with a ``name``) defines those: cells are told
+        so when they try to redefine one. Returns ``handle``.
         """
         record = self._run if self._run is not None else self._outside
         description = description or getattr(handle, "description", None) or str(handle)
@@ -370,6 +381,17 @@ class Session:
             for _, r in self._applied()
         )
 
+    def redefinition_refused(self, qualname: str) -> str:
+        """Why a cell may not redefine ``ns::name``, which the session did not define with
+        torch.library: a C++ library that one of its cells loaded defines it, or code outside
+        the session does."""
+        for record in self._records.values():
+            for tracked in record.handles:
+                if tracked.is_open and qualname in _operators_defined_by(tracked.handle):
+                    loader = f"cell {record.label}"
+                    return _loaded_library_message(qualname, tracked.description, loader)
+        return foreign_operator_message(qualname)
+
     def report(self) -> SessionReport:
         """What each cell registered, an operator per line, for display."""
         cells = []
@@ -401,8 +423,9 @@ class Session:
     def make_room(self, registration: library_hooks.Registration) -> Callable[[bool], None]:
         """Evict what ``registration`` replaces; the returned callable gets whether it applied.
 
-        Evicted registrations come back if the registration fails, or the cell does.
-        Defining an operator again replaces every registration other cells made on it. An
+        Evicted registrations come back if the registration fails, or the cell does. Only
+        registrations torch keeps one of replace each other (see ``Registration.exclusive``);
+        defining an operator again replaces every registration other cells made on it. An
         identical definition is adopted instead of made again: the operator's dispatcher
         entry, and every OpOverload pointing at it, stay as they are. A changed one lets the
         entry go, as torch does, after putting its cached OpOverloads aside for a rollback.
@@ -413,6 +436,8 @@ class Session:
             not isinstance(registration, library_hooks.DispatcherRegistration)
             or registration.kind != "def"
         ):
+            if not registration.exclusive:  # torch stacks it, or refuses it in its own words
+                return self._evict_for([])
             identity = registration.identity
             return self._evict_for(
                 [(rec, r) for rec, r in self._applied() if r.identity == identity]
@@ -451,7 +476,7 @@ class Session:
             """Bring back the victims (all when the replacement failed, else ``reapply_after``)."""
             again = reapply_after if applied else victims
             for record, victim in sorted(again, key=lambda pair: pair[1].seq):
-                victim.reapply()
+                self._reapply(victim)
                 self._evicted.remove((victim, record))
             if not applied and adopted is not None:
                 adopted[0].give_back(adopted[1])
@@ -500,7 +525,7 @@ class Session:
             and dispatcher.find_schema(qualname, "") is not None
         )
         if foreign:
-            raise ForeignOperatorError(foreign_operator_message(qualname))
+            raise ForeignOperatorError(self.redefinition_refused(qualname))
         self._run.custom_op_entries.setdefault(qualname, (opdef, library))
 
     # ---------------------------------------------------------------- internals
@@ -517,6 +542,18 @@ class Session:
         """Remove a registration for the running cell, remembering it for a rollback."""
         registration.remove()
         self._evicted.append((registration, owner))
+
+    def _reapply(self, registration: library_hooks.Registration) -> None:
+        """Make a removed registration again where it was in torch's stack: under the ones
+        with its identity that were made after it (taken off and made again over it)."""
+        identity, seq = registration.identity, registration.seq
+        later_ones = (r for _, r in self._applied() if r.identity == identity and r.seq > seq)
+        above = [] if registration.exclusive else sorted(later_ones, key=lambda r: r.seq)
+        for later in reversed(above):
+            later.remove()
+        registration.reapply()
+        for later in above:
+            later.reapply()
 
     def _commit(self) -> None:
         """The cell succeeded: drop for good what it replaced, and record what it made."""
@@ -578,7 +615,7 @@ class Session:
             custom_op_state.set_custom_op_entry(qualname, opdef, library)
         for registration, owner in sorted(self._evicted, key=lambda pair: pair[0].seq):
             if owner is not run:
-                registration.reapply()
+                self._reapply(registration)
         self._restore_stashes(list(self._stashes))
         for change in self._reverted:
             change.reapply()
@@ -598,31 +635,63 @@ class Session:
                     del namespace[name]
 
     def _teardown(self, record: CellRecord, revert: bool) -> None:
-        """Undo everything a run left in effect."""
+        """Undo everything a run left in effect; every step runs, the first failure is raised
+        after."""
+        failures = _Failures()
         refreshed = {r.op for r in record.registrations if r.kind == "def" and r.applied}
         for registration in reversed(record.registrations):
-            registration.discard()
+            with failures.kept():
+                registration.discard()
         record.registrations.clear()
         if revert:
             for change in reversed(record.changes):
-                change.revert()
+                with failures.kept():
+                    change.revert()
         record.changes = []
         for qualname, opdef_ref in record.created_opdefs.items():
             opdef = opdef_ref()
             if opdef is not None and custom_op_state.custom_op_def(qualname) is opdef:
                 library = custom_op_state.custom_op_library(qualname)
                 custom_op_state.set_custom_op_entry(qualname, None, library)
-        self._release_resources(record)
+        with failures.kept():
+            self._release_resources(record)
         dispatcher.refresh_operators(refreshed)
+        failures.raise_first()
 
     @staticmethod
     def _release_resources(record: CellRecord) -> None:
-        """Destroy the run's Library objects and close the handles it tracked."""
+        """Destroy the run's Library objects and close the handles it tracked (all of them,
+        raising the first failure after)."""
+        failures = _Failures()
         for library in record.live_libraries():
-            library_hooks.destroy_library(library)
+            with failures.kept():
+                library_hooks.destroy_library(library)
         record.libraries.clear()
         for tracked in reversed(record.handles):
-            tracked.close()
+            with failures.kept():
+                tracked.close()
+        failures.raise_first()
+
+
+class _Failures:
+    """Lets a teardown run all its steps, keeping the first exception to raise at the end."""
+
+    def __init__(self) -> None:
+        self.first: Exception | None = None
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        """Run a step; an exception it raises is kept (the first one) instead of propagating."""
+        try:
+            yield
+        except Exception as error:
+            if self.first is None:
+                self.first = error
+
+    def raise_first(self) -> None:
+        """Raise the first kept exception, if any."""
+        if self.first is not None:
+            raise self.first
 
 
 def _is_registering_object(value: Any) -> bool:
@@ -640,6 +709,25 @@ def _grouped(registrations: Iterator[library_hooks.Registration]) -> list[tuple[
         if site not in sites:
             sites.append(site)
     return [(f"{op}: {', '.join(parts)}", "; ".join(sites)) for op, (parts, sites) in rows.items()]
+
+
+def _operators_defined_by(handle: Any) -> set[str]:
+    """``ns::name`` of the operators a tracked resource defines (a loaded C++ library lists
+    them as ``operators``, each with a ``name``)."""
+    return {op.name.partition(".")[0] for op in getattr(handle, "operators", ())}
+
+
+def _loaded_library_message(qualname: str, library: str, loader: str) -> str:
+    """Why a cell will not redefine an operator that a C++ library the session tracks defines
+    (``library``: its description; ``loader``: the cell that loaded it, e.g. ``cell [3]``)."""
+    name = qualname.split("::", 1)[1]
+    return (
+        f"{qualname} is defined by the C++ library that {loader} loaded ({library}); a "
+        "Python custom op cannot replace it, as only unloading that whole library removes "
+        f"its definition. Choose another name (e.g. mylib::{name}), or take the definition "
+        f"out of {loader} and run it again; to add kernels to the operator, use "
+        "torch.library.register_kernel or register_fake in a cell."
+    )
 
 
 def foreign_operator_message(qualname: str) -> str:

@@ -1,9 +1,10 @@
-"""Reading the live dispatcher: dispatch tables, call resolution, kernels per backend, keys."""
+"""Reading the live dispatcher: dispatch tables, call resolution, traces, kernels, keys."""
 
 from .kernels import kernels
 from .keys import KeyInfo, key_info, runtime_keys
 from .resolve import DispatchInput, Resolution, Skip, Step, resolve
 from .table import DispatchTable, OverloadTables, Registration, TableEntry, dispatch_table
+from .trace import Surprise, Surprises, TensorInfo, Trace, TracedCall, trace
 
 __all__ = [
     "DispatchInput",
@@ -14,10 +15,16 @@ __all__ = [
     "Resolution",
     "Skip",
     "Step",
+    "Surprise",
+    "Surprises",
     "TableEntry",
+    "TensorInfo",
+    "Trace",
+    "TracedCall",
     "dispatch_table",
     "kernels",
     "key_info",
     "resolve",
     "runtime_keys",
+    "trace",
 ]

@@ -52,6 +52,18 @@ class CallContext:
             return resolve(op, *args, **kwargs)
 
     @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """This context around a block of code (``%%trace``): under ``fake``, the tensors the
+        code creates are fake. ``vmap`` maps a function over its arguments, so it is refused."""
+        if self.vmap:
+            raise OpmagicError(
+                "--vmap maps a function over its tensor arguments, and a block of code has "
+                "none: call torch.func.vmap(f)(x) inside the code instead."
+            )
+        with self._entered():
+            yield
+
+    @contextlib.contextmanager
     def _entered(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         """Enter the context; yields how to convert a tensor argument for it."""
         with contextlib.ExitStack() as stack:

@@ -10,7 +10,13 @@ from ..errors import OpmagicError
 from .keys import catalogue
 from .ops import op_ref
 from .sites import label_site
-from .table import OperatorTable, classify, parse_computed_table
+from .table import (
+    OperatorTable,
+    classify,
+    is_meta_stub,
+    parse_computed_table,
+    python_kernel_label,
+)
 
 if TYPE_CHECKING:
     import pandas
@@ -104,12 +110,17 @@ def kernels(
             kind, alias, is_fallback = classify(
                 torch_kind, fallthrough, site, lambda n=name: non_functional_site(n)
             )
+            if key == "Meta" and kind == "kernel" and _is_stub(qualname, name, site):
+                kind = "stub"
             if wide:
                 cells[-1].append(f"alias:{alias}" if kind == "alias" else kind)
             elif not is_fallback:
-                if site not in sites:
-                    sites[site] = label_site(site)
-                rows.append((qualname, overload or "default", key, kind, alias, sites[site]))
+                source = _python_source(name, key, site) if ".py:" in site else None
+                if source is None:
+                    if site not in sites:
+                        sites[site] = label_site(site)
+                    source = sites[site]
+                rows.append((qualname, overload or "default", key, kind, alias, source))
     if wide:
         frame = pd.DataFrame(cells, columns=["op", "overload", *wanted])
         return frame.set_index(["op", "overload"]).sort_index()
@@ -121,7 +132,7 @@ def _has_own_kernel(name: str, key: str, computed: tuple[str, str, bool] | None)
     """Whether ``key`` has a working kernel of the operator's own (no fallback, no skip).
 
     A ``torch.library.custom_op`` always registers a Meta kernel, which raises when the op
-    has no fake impl: that one does not count, as ``resolve`` predicts it fails.
+    has no fake impl: that stub does not count, as ``resolve`` predicts it fails.
     """
     if computed is None:
         return False
@@ -129,16 +140,19 @@ def _has_own_kernel(name: str, key: str, computed: tuple[str, str, bool] | None)
     kind, _, is_fallback = classify(torch_kind, fallthrough, site, lambda: None)
     if is_fallback or kind == "fallthrough":
         return False
-    return not (key == "Meta" and "custom_ops.py" in site and _custom_op_lacks_fake(name))
+    return not (key == "Meta" and _is_stub(name.partition(".")[0], name, site))
 
 
-def _custom_op_lacks_fake(name: str) -> bool:
-    """Whether a custom op has neither a fake impl nor one custom_op can make by itself."""
-    ref = op_ref(name)
-    opdef = custom_op_state.custom_op_def(ref.qualname)
-    if opdef is None or custom_op_state.custom_op_parts(opdef)["fake"] is not None:
+def _is_stub(qualname: str, name: str, site: str) -> bool:
+    """Whether the Meta kernel of op ``name`` at ``site`` is custom_op's raising stub."""
+    if custom_op_state.custom_op_def(qualname) is None:  # the cheap test first
         return False
-    return not custom_op_state.custom_op_can_fake_trivially(ref.op_overload())
+    return is_meta_stub(op_ref(name), site)
+
+
+def _python_source(name: str, key: str, site: str) -> str | None:
+    """The function behind a kernel a Python Library registered (e.g. a Python Meta kernel)."""
+    return python_kernel_label(op_ref(name), key, site)
 
 
 def _keys(keys: Iterable[str] | str | None) -> list[str]:

@@ -16,20 +16,31 @@ from .._torch import custom_op_state, dispatcher, library_hooks
 from ..display import Displayable
 from .keys import KeyInfo, catalogue
 from .ops import OpRef, op_ref, overloads_of
-from .sites import label_callable, label_site
+from .sites import label_callable, label_site, parse_site
 
 if TYPE_CHECKING:
     import pandas
 
     from ..view.graph import Diagram
 
-KINDS = ("kernel", "alias", "autograd", "fallback", "fallthrough", "ambiguous", "missing")
+KINDS = (
+    "kernel",
+    "alias",
+    "autograd",
+    "fallback",
+    "fallthrough",
+    "stub",
+    "ambiguous",
+    "missing",
+)
+OWN_KINDS = ("kernel", "alias", "autograd", "stub", "ambiguous")  # the op's own registrations
 KIND_TEXT = {
     "kernel": "kernel registered for this key",
     "alias": "kernel filled in from an alias key",
     "autograd": "autograd kernel (from the Autograd alias)",
     "fallback": "backend fallback (one kernel for every operator)",
     "fallthrough": "fallthrough: the dispatcher skips this key",
+    "stub": "custom_op's Meta stub: no fake impl is registered, so a call reaching it raises",
     "ambiguous": "ambiguous: CompositeImplicitAutograd plus a backend kernel (raises)",
     "missing": "no kernel: a call that reaches this key fails",
 }
@@ -70,6 +81,12 @@ class TableEntry:
         return self.kind not in ("missing", "fallthrough")
 
     @property
+    def is_own(self) -> bool:
+        """Whether the op's own registrations serve this key (not a process-wide fallback or
+        fallthrough, not nothing)."""
+        return self.kind in OWN_KINDS or (self.kind == "fallthrough" and not self.is_fallback)
+
+    @property
     def source(self) -> str:
         """Where the kernel came from, for display: the function, else the registration site."""
         return self.impl or label_site(self.site)
@@ -83,6 +100,8 @@ class TableEntry:
             return "fallthrough" if self.is_fallback else "fallthrough kernel"
         if self.kind == "ambiguous":
             return "ambiguous (raises)"
+        if self.kind == "stub":
+            return "stub: raises (no fake impl)"
         return self.kind
 
     @property
@@ -270,6 +289,10 @@ class OperatorTable:
             lambda: self.alias_site("CompositeExplicitAutogradNonFunctional"),
         )
         impl = self._describe(info, kind, site) if self._describe else None
+        if impl is None and kind == "kernel":
+            impl = python_kernel_label(self.ref, info.name, site)
+        if info.name == "Meta" and kind == "kernel" and is_meta_stub(self.ref, site):
+            kind = "stub"
         return TableEntry(
             info.name, info.category, kind, alias, site, info.explanation, impl, is_fallback
         )
@@ -292,6 +315,27 @@ def classify(
         alias = "CompositeExplicitAutogradNonFunctional"
     is_fallback = kind == "fallback"
     return ("fallthrough" if fallthrough else kind), alias, is_fallback
+
+
+def python_kernel_label(ref: OpRef, key: str, site: str) -> str | None:
+    """``meta_mm (torch/_meta_registrations.py:2511)`` for a kernel a Python Library
+    registered (its site is the Library's line) when the op names the function itself."""
+    located = parse_site(site)
+    if located is None or not located[0].endswith(".py"):
+        return None
+    function = dispatcher.python_kernel(ref.op_overload(), key)
+    return label_callable(function) if function is not None else None
+
+
+def is_meta_stub(ref: OpRef, site: str) -> bool:
+    """Whether the Meta kernel registered at ``site`` is ``custom_op``'s stub, which raises
+    because the op has no fake impl (and custom_op cannot generate one: it returns something)."""
+    opdef = custom_op_state.custom_op_def(ref.qualname)
+    if opdef is None or custom_op_state.custom_op_parts(opdef)["fake"] is not None:
+        return False
+    if "custom_ops.py" not in site and site not in library_hooks.custom_op_sites(opdef):
+        return False
+    return not custom_op_state.custom_op_can_fake_trivially(ref.op_overload())
 
 
 def parse_computed_table(
@@ -354,11 +398,11 @@ def _custom_op_describer(qualname: str) -> Any:
             return None
         if info.name == "Meta":
             fake = parts["fake"]
-            return (
-                f"custom_op fake impl {label_callable(fake)}"
-                if fake is not None
-                else "custom_op fake impl: none registered (register_fake)"
-            )
+            if fake is not None:
+                return f"custom_op fake impl {label_callable(fake)}"
+            if kind == "kernel" and is_meta_stub(op_ref(qualname), site):
+                return "no fake impl: register one with register_fake"
+            return "custom_op fake impl: generated (the op returns nothing)"
         if kind == "alias" or info.category == "backend":
             device = (
                 info.backend.lower() if info.functionality == "Dense" and info.backend else None

@@ -16,7 +16,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..dispatch import Resolution, kernels
 from ..errors import OpmagicError
-from ..view.frames import KernelsView
+from ..view.frames import KernelsView, kernels_call
 from ..view.graph import Diagram
 from .arguments import CONTEXT_OPTIONS, call_context, parse_options, with_options
 
@@ -85,11 +85,12 @@ class ViewMagics(Magics):
         keys = None
         if options.key:
             keys = "all" if options.key == ["all"] else options.key
+        wide = not options.long
         try:
-            frame = kernels(options.namespace, keys, wide=not options.long, missing=options.missing)
+            frame = kernels(options.namespace, keys, wide=wide, missing=options.missing)
         except OpmagicError as exc:
             raise UsageError(str(exc)) from exc
-        return KernelsView(frame)
+        return KernelsView(frame, kernels_call(options.namespace, keys, wide, options.missing))
 
     def _evaluate_call(self, expression: str) -> tuple[Any, list[Any], dict[str, Any]]:
         """The callee, positional and keyword arguments of a call expression, evaluated."""

@@ -11,25 +11,24 @@ from ..dispatch.table import DispatchTable
 from ..display import renders
 from .html import html_rows, table_html
 from .style import KIND_COLOURS, STATUS_COLOURS, styled
-from .text import aligned, grouped_entries
-
-_OWN_KINDS = ("kernel", "alias", "autograd", "ambiguous")
+from .text import aligned, fitted, grouped_entries, joined
 
 
 @renders(CustomOpResult, "text")
 def custom_op_text(result: CustomOpResult) -> str:
     """Schema, where it is bound, the kernels the cell registered, its dispatch table, checks."""
     call = f"  call it as {result.function}(...) or torch.ops.{result.dotted}(...)"
-    lines = [result.schema, call]
-    lines += [f"  note: {note}" for note in result.notes]
+    lines = fitted([result.schema, call, *(f"  note: {note}" for note in result.notes)])
     lines.append("  registered by the cell:")
-    lines += aligned([(k.key, k.role, k.function, k.where) for k in result.kernels], "    ")
+    lines += aligned([(k.key, k.role, joined(k.function, k.where)) for k in result.kernels], "    ")
     lines.append("  dispatch table (keys the operator's own kernels serve):")
-    lines += aligned(own_kernel_rows(result.table), "    ")
-    others = sum(1 for e in result.table.entries if e.has_kernel) - sum(
-        1 for e in result.table.entries if e.kind in _OWN_KINDS
+    lines += aligned(
+        [(keys, joined(kind, source)) for keys, kind, source in own_kernel_rows(result.table)],
+        "    ",
     )
-    lines.append(f"    ({others} more keys run backend fallbacks; print(result.table) for all)")
+    others = sum(1 for e in result.table.entries if e.has_kernel and not e.is_own)
+    every_key = f"print(opmagic.dispatch_table({result.function}).diagram(show_all=True))"
+    lines += fitted([f"    ({others} more keys run backend fallbacks; every key: {every_key})"])
     if result.checks is not None:
         lines.append(check_text(result.checks))
     return "\n".join(lines)
@@ -38,9 +37,7 @@ def custom_op_text(result: CustomOpResult) -> str:
 def own_kernel_rows(table: DispatchTable) -> list[tuple[str, str, str]]:
     """(keys, kind, source) for the runs of keys served by the operator's own registrations."""
     return [
-        (group.keys_label, group.kind_label, group.first.source)
-        for group in grouped_entries(table)
-        if group.first.kind in _OWN_KINDS
+        (group.keys_label, group.kind_label, group.first.source) for group in grouped_entries(table)
     ]
 
 
@@ -63,7 +60,7 @@ def custom_op_html(result: CustomOpResult) -> str:
 @renders(CheckReport, "text")
 def check_text(report: CheckReport) -> str:
     """One line per check: name, pass/FAIL/skip and the first line of any error."""
-    lines = [f"  checks ({report.summary}) with {report.inputs}:"]
+    lines = fitted([f"  checks ({report.summary}) with {report.inputs}:"])
     lines += aligned([(r.name, r.status, r.detail) for r in report.rows], "    ")
     return "\n".join(lines)
 
@@ -92,7 +89,7 @@ def session_text(report: SessionReport) -> str:
     for cell in report.cells:
         lines.append(f"  cell {cell.label}")
         lines += aligned([(what, where) for what, where in cell.items], "    ")
-        lines += [f"    note: {note}" for note in cell.notes]
+        lines += fitted([f"    note: {note}" for note in cell.notes])
     return "\n".join(lines)
 
 

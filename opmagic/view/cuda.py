@@ -11,7 +11,7 @@ from ..native.cuda.toolkit import gpu_unavailable_reason
 from .cells import own_kernel_rows
 from .html import html_rows, table_html
 from .style import styled
-from .text import aligned
+from .text import aligned, joined
 
 
 def _summary(kernels: CudaKernels) -> str:
@@ -84,7 +84,13 @@ def result_text(result: CudaKernelResult) -> str:
     if result.op is not None:
         lines += [_op_line(result), f"  launch: {result.op.launch}"]
         lines.append("  dispatch table (keys the operator's own kernels serve):")
-        lines += aligned(own_kernel_rows(result.op.table), "    ")
+        lines += aligned(
+            [
+                (keys, joined(kind, source))
+                for keys, kind, source in own_kernel_rows(result.op.table)
+            ],
+            "    ",
+        )
     return "\n".join(lines)
 
 

@@ -1,21 +1,26 @@
-"""pandas forms of dispatch facts, and their styled notebook display."""
+"""pandas forms of dispatch facts: styled, folded HTML in notebooks; width-aware text."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from html import escape
 from typing import TYPE_CHECKING, Any
 
+from ..dispatch.kernels import LONG_COLUMNS as KERNEL_LONG_COLUMNS
 from ..dispatch.table import DispatchTable
 from ..display import Displayable, renders
-from .style import KIND_COLOURS, KIND_FILLS
+from .style import KIND_COLOURS, KIND_FILLS, styled
+from .text import fitted, joined, more_note, terminal_width
 
 if TYPE_CHECKING:
     import pandas
     from pandas.io.formats.style import Styler
 
 TABLE_COLUMNS = ["key", "category", "kind", "alias", "source", "site", "explanation"]
-KERNEL_COLUMNS = ["key", "category", "kind", "alias", "source"]
-STYLED_ROWS = 200  # rows a notebook shows styled; the frame itself keeps them all
+_MIN_NAME = 24  # narrowest operator column of a wide frame's matrix
+SHOWN_ROWS = 20  # rows a notebook or terminal shows before folding the rest
+STYLED_ROWS = 200  # rows a notebook shows styled in all (folded after SHOWN_ROWS)
 
 
 @renders(DispatchTable, "frame")
@@ -27,18 +32,6 @@ def table_frame(table: DispatchTable) -> pandas.DataFrame:
         (e.key, e.category, e.kind, e.alias, e.source, e.site, e.explanation) for e in table.entries
     ]
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
-
-
-def op_kernels_frame(table: DispatchTable) -> pandas.DataFrame:
-    """The operator's own kernels per key, in priority order (no fallbacks, no missing keys)."""
-    import pandas as pd
-
-    rows = [
-        (e.key, e.category, e.kind, e.alias, e.source)
-        for e in table.entries
-        if e.kind != "missing" and not e.is_fallback
-    ]
-    return pd.DataFrame(rows, columns=KERNEL_COLUMNS)
 
 
 def style_kinds(frame: pandas.DataFrame) -> Styler:
@@ -57,34 +50,120 @@ def style_kinds(frame: pandas.DataFrame) -> Styler:
 
 @dataclass(frozen=True)
 class KernelsView(Displayable):
-    """A kernels DataFrame for display: styled in notebooks, plain text in terminals."""
+    """A kernels DataFrame for display: styled in notebooks, width-aware text in terminals,
+    both folded after their first rows. ``show_all`` is the command that gives every row
+    (by default the Python call, :func:`kernels_call`)."""
 
     frame: pandas.DataFrame
+    show_all: str = "the view's .frame (a DataFrame)"
+
+
+def kernels_call(
+    namespace: str | None = None,
+    keys: Sequence[str] | str | None = None,
+    wide: bool = False,
+    missing: str | None = None,
+) -> str:
+    """The ``opmagic.kernels(...)`` call that returns these rows, defaults left out."""
+    arguments = [repr(namespace)] if namespace or keys is not None else []
+    if keys is not None:
+        arguments.append(repr(keys))
+    if wide:
+        arguments.append("wide=True")
+    if missing:
+        arguments.append(f"missing={missing!r}")
+    return f"opmagic.kernels({', '.join(arguments)})"
 
 
 @renders(KernelsView, "html")
 def kernels_view_html(view: KernelsView) -> str:
-    """The first rows, coloured by kind, and how to get the rest."""
-    shown = view.frame.head(STYLED_ROWS)
-    note = ""
-    if len(view.frame) > len(shown):
-        note = (
-            f"<p>First {len(shown)} of {len(view.frame)} rows. Narrow it down (a namespace, "
-            "--key, --missing) or take the DataFrame: <code>view.frame</code>.</p>"
+    """The first rows coloured by kind, more (up to :data:`STYLED_ROWS`) folded below, and
+    how many there are and how to get them all."""
+    frame = view.frame
+    shown = style_kinds(frame.head(SHOWN_ROWS)).to_html()
+    folded = frame.iloc[SHOWN_ROWS:STYLED_ROWS]
+    if len(folded):
+        shown += (
+            f"<details><summary>rows {SHOWN_ROWS + 1}–{SHOWN_ROWS + len(folded)} of "
+            f"{len(frame):,}</summary>{style_kinds(folded).to_html()}</details>"
         )
-    return style_kinds(shown).to_html() + note
+    if len(frame) > SHOWN_ROWS:
+        shown += (
+            f'<div class="dim">{len(frame):,} rows in all; every one: '
+            f"<code>{escape(view.show_all)}</code></div>"
+        )
+    return styled(shown)
 
 
 @renders(KernelsView, "text")
-def kernels_view_text(view: KernelsView) -> str:
-    """Every row as aligned text (the command line prints this)."""
-    import pandas as pd
-
-    with pd.option_context("display.max_rows", None, "display.width", 200):
-        return view.frame.to_string()
-
-
 @renders(KernelsView, "pretty")
-def kernels_view_pretty(view: KernelsView) -> str:
-    """Terminal IPython: pandas' own (abridged) text form."""
-    return repr(view.frame)
+def kernels_view_text(view: KernelsView) -> str:
+    """The first :data:`SHOWN_ROWS` rows as text that fits the terminal, then a count and
+    the command that shows them all."""
+    return frame_text(view.frame, SHOWN_ROWS, view.show_all)
+
+
+def frame_text(frame: pandas.DataFrame, limit: int | None, show_all: str) -> str:
+    """A kernels frame (long or wide) as left-aligned text fitting the terminal, its first
+    ``limit`` rows (``None``: all), then how many more and ``show_all``.
+
+    Long form: a heading per operator, then per kernel the keys it serves. Wide form:
+    operators by keys when that fits the terminal, else a heading per operator and its
+    keys' kinds as wrapped text.
+    """
+    shown = frame if limit is None else frame.head(limit)
+    long = list(frame.columns) == KERNEL_LONG_COLUMNS
+    lines = _long_lines(shown) if long else _wide_lines(shown)
+    lines += more_note(len(frame), len(shown), "rows", show_all)
+    return "\n".join(lines) if lines else "(no rows)"
+
+
+def _long_lines(frame: pandas.DataFrame) -> list[str]:
+    """A heading per operator overload, then per kernel (kind and source) the keys it serves."""
+    by_op: dict[str, dict[str, list[str]]] = {}
+    for row in frame.itertuples(index=False):
+        name = row.op if row.overload == "default" else f"{row.op}.{row.overload}"
+        kind = f"via {row.alias}" if isinstance(row.alias, str) else row.kind
+        served = joined(kind, row.source)
+        by_op.setdefault(name, {}).setdefault(served, []).append(row.key)
+    lines = []
+    for name, kernels in by_op.items():
+        lines.append(name)
+        lines += fitted([f"  {', '.join(keys)}: {served}" for served, keys in kernels.items()])
+    return lines
+
+
+def _row_name(index: Any) -> str:
+    """``aten::add.Tensor`` for an (op, overload) index, ``aten::sin`` for the default one."""
+    if isinstance(index, tuple):
+        op, overload = (str(part) for part in index)
+        return op if overload == "default" else f"{op}.{overload}"
+    return str(index)
+
+
+def _wide_lines(frame: pandas.DataFrame) -> list[str]:
+    """Operators by keys, left-aligned, when they fit; else per operator, its keys' kinds."""
+    names = [_row_name(index) for index in frame.index]
+    keys = [str(column) for column in frame.columns]
+    cells = [[str(value) for value in values] for values in frame.itertuples(index=False)]
+    widths = [max([len(key), *(len(row[i]) for row in cells)]) for i, key in enumerate(keys)]
+    longest = max(map(len, ["op", *names]))
+    room = terminal_width() - sum(w + 2 for w in widths)
+    name_width = min(longest, room)
+    if longest <= room or room >= _MIN_NAME:  # a matrix; a longer name gets a line of its own
+        rows = []
+        for name, row in [("op", keys), *zip(names, cells, strict=True)]:
+            cells_text = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            if len(name) > name_width:
+                rows += [name, " " * (name_width + 2) + cells_text]
+            else:
+                rows.append(f"{name.ljust(name_width)}  {cells_text}")
+        return rows
+    lines = []
+    for name, row in zip(names, cells, strict=True):
+        by_kind: dict[str, list[str]] = {}
+        for key, value in zip(keys, row, strict=True):
+            by_kind.setdefault(value.replace("alias:", "via ", 1), []).append(key)
+        lines.append(name)
+        lines += fitted([f"  {', '.join(served)}: {kind}" for kind, served in by_kind.items()])
+    return lines

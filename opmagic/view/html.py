@@ -20,6 +20,7 @@ from .text import grouped_entries
 if TYPE_CHECKING:
     from .graph import Diagram
 
+
 def steps_html(resolution: Resolution) -> str:
     """The path as an ordered list of steps, skipped keys dimmed, failure in red."""
     items = []
@@ -56,19 +57,34 @@ def steps_html(resolution: Resolution) -> str:
 @renders(DispatchTable, "html")
 def table_html(table: DispatchTable) -> str:
     """The table's diagram, then its rows (keys served alike merged) in a collapsible section."""
+    listing = listing_html(table)
+    return _with_diagram(table.diagram(), "the operator's own kernels, per key", listing)
+
+
+def listing_html(table: DispatchTable, show_all: bool = False) -> str:
+    """The table's rows as the diagram groups them: the op's own kernels (every key with
+    ``show_all``), keys of one category served alike on one row (all of them in its
+    tooltip), the kind coloured; then how many keys are left out. Unstyled: callers wrap
+    it with :func:`~opmagic.view.style.styled`."""
     rows = "".join(
-        f'<tr><td title="{escape(g.first.explanation, quote=True)}">{escape(g.keys_label)}</td>'
-        f"<td>{escape(g.category)}</td>"
+        f'<tr><td title="{escape(", ".join(e.key for e in g.entries), quote=True)}">'
+        f"{escape(g.keys_label)}</td><td>{escape(g.category)}</td>"
         f'<td title="{escape(g.first.kind_text, quote=True)}" '
         f'style="color:{KIND_COLOURS.get(g.first.kind, "#000")}">{escape(g.kind_label)}</td>'
         f"<td>{escape(g.first.source)}</td></tr>"
-        for g in grouped_entries(table)
+        for g in grouped_entries(table, show_all)
     )
-    listing = (
-        "<table><tr><th>key (highest priority first)</th><th>category</th><th>kind</th>"
-        f"<th>source</th></tr>{rows}</table>"
+    left_out = sum(1 for e in table.entries if not e.is_own)
+    note = (
+        f'<div class="dim">{left_out} more keys have only a backend fallback, a fallthrough or '
+        "no kernel.</div>"
+        if left_out and not show_all
+        else ""
     )
-    return _with_diagram(table.diagram(), "every key with a kernel", listing)
+    return (
+        "<table><tr><th>keys (highest priority first)</th><th>category</th><th>kind</th>"
+        f"<th>source</th></tr>{rows}</table>{note}"
+    )
 
 
 @renders(Resolution, "html")

@@ -19,6 +19,7 @@ from ..native.diagnostics import (
 )
 from ..native.library import LoadedLibrary
 from .style import FAIL_COLOUR, FAIL_FILL, styled
+from .text import aligned, fitted
 
 if TYPE_CHECKING:
     from ..native.snapshots import NewKernel
@@ -60,17 +61,20 @@ def _overrides(kernel: NewKernel) -> str:
 @renders(LoadedLibrary, "text")
 def library_text(library: LoadedLibrary) -> str:
     """What the library registered: operators, kernels per key, then each operator's table."""
-    lines = [build_summary(library)]
+    lines = fitted([build_summary(library)])
     if library.operators:
         lines.append("new operators:")
-        width = max(len(op.schema) for op in library.operators)
-        lines += [f"  {op.schema:<{width}}  {library.where(op.line)}" for op in library.operators]
+        lines += aligned([(op.schema, library.where(op.line)) for op in library.operators])
     if library.kernels:
         lines.append("kernels added, per dispatch key:")
-        for key, kernels in _kernels_by_key(library.kernels):
-            for kernel in kernels:
-                overrides = f"  ({_overrides(kernel)})" if kernel.overrides else ""
-                lines.append(f"  {key:<24} {kernel.op:<32} {library.where(kernel.line)}{overrides}")
+        lines += aligned(
+            [
+                (key, kernel.op, library.where(kernel.line) + overrides)
+                for key, kernels in _kernels_by_key(library.kernels)
+                for kernel in kernels
+                for overrides in [f" ({_overrides(kernel)})" if kernel.overrides else ""]
+            ]
+        )
     if not library.operators and not library.kernels and not library.closed:
         lines.append("no per-operator registrations (fallbacks only, or empty blocks)")
     for table in library.tables():

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 # Every HTML view wraps itself in <div class="opmagic"> after this stylesheet.
+# The doubled class outranks JupyterLab's `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td`
+# (cells aligned right); the line-height undoes the one-line height ipywidgets gives the lines
+# of an HTML widget (the explorer's tabs).
 STYLESHEET = (
-    "<style>.opmagic td,.opmagic th{padding:1px 8px;text-align:left;vertical-align:top;"
-    "font-family:monospace;font-size:12px}.opmagic .dim{color:#888}"
-    ".opmagic pre{text-align:left;margin:2px 0;font-size:12px;line-height:1.35}</style>"
+    "<style>div.opmagic{line-height:1.4}div.opmagic.opmagic td,div.opmagic.opmagic th"
+    "{padding:1px 8px;text-align:left;vertical-align:top;font-family:monospace;font-size:12px}"
+    "div.opmagic.opmagic th{white-space:nowrap}div.opmagic .dim{color:#888}"
+    "div.opmagic.opmagic pre{text-align:left;margin:2px 0;font-size:12px;line-height:1.35}"
+    ".opmagic .call{font-family:monospace;font-size:12px;white-space:nowrap}"
+    ".opmagic .calls{margin-left:10px;padding-left:8px;border-left:1px solid #ddd}"
+    ".opmagic .call .op{font-weight:bold}.opmagic .call .time{color:#555}"
+    ".opmagic div.call{padding-left:14px}</style>"
 )
 
 # text colour per kernel kind (TableEntry.kind), in HTML, diagrams and DataFrames
@@ -16,6 +24,7 @@ KIND_COLOURS = {
     "autograd": "#6a1b9a",
     "fallback": "#ef6c00",
     "fallthrough": "#9e9e9e",
+    "stub": "#c62828",
     "ambiguous": "#c62828",
     "missing": "#c62828",
 }
@@ -26,6 +35,7 @@ KIND_FILLS = {
     "autograd": "#f3e5f5",
     "fallback": "#fff3e0",
     "fallthrough": "#f5f5f5",
+    "stub": "#fff8e1",
     "ambiguous": "#ffebee",
     "missing": "#ffebee",
 }

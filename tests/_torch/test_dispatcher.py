@@ -55,6 +55,25 @@ def test_thread_local_state():
     assert not dispatcher.is_fake_tensor_type(torch.Tensor) and issubclass(FakeTensor, torch.Tensor)
 
 
+def test_torch_function_disabled():
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Watching(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(2)
+    with Watching():
+        with dispatcher.torch_function_disabled():
+            _ = x.dtype, x.shape
+        assert seen == []
+        _ = x.dtype
+    assert seen  # the mode sees attribute reads outside the guard
+
+
 def test_tensor_keys_and_functorch():
     x = torch.randn(2)
     assert "AutogradCPU" in dispatcher.keyset_names(dispatcher.tensor_keyset_raw(x))
@@ -123,3 +142,87 @@ def test_hold_operators_keeps_an_entry_alive_until_released():
     assert dispatcher.find_schema("shim_hold::held", "") is None
     release()
     assert "shim_hold::held" not in dispatcher.all_op_names()
+
+
+def test_call_argument_checks():
+    x = torch.randn(2)
+    schema = torch.ops.aten.mul.Scalar._schema
+    dispatcher.check_call_arguments(schema, (x, 2.0), {})
+    try:
+        dispatcher.check_call_arguments(schema, (x, "abc"), {})
+    except RuntimeError as exc:
+        assert "Expected a value of type 'number' for argument 'other'" in str(exc)
+    else:
+        raise AssertionError("a str for a Scalar must be refused")
+    assert dispatcher.allows_numbers_as_tensors("aten::mul")
+    assert not dispatcher.allows_numbers_as_tensors("aten::sin")
+    assert not dispatcher.allows_numbers_as_tensors("myops::mul")
+    with torch.inference_mode(), FakeTensorMode():
+        scalar = dispatcher.new_scalar_tensor()
+    assert type(scalar) is torch.Tensor and scalar.device.type == "cpu" and scalar.is_inference()
+
+
+def test_subclass_and_mode_queries():
+    from torch._subclasses.functional_tensor import FunctionalTensor, dispatch_functionalize
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    two = TwoTensor(torch.randn(2), torch.randn(2))
+    assert dispatcher.is_traceable_wrapper_subclass(two)
+    assert dispatcher.inner_tensor_names(two) == ["a", "b"]
+    assert not dispatcher.has_own_storage(two) and dispatcher.has_own_storage(torch.randn(2))
+    real = torch.randn(2)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(real)
+        assert dispatcher.fake_mode_of(fake) is mode
+        assert not dispatcher.fake_mode_refuses(mode, fake)
+        assert dispatcher.fake_mode_refuses(mode, real)
+    assert not dispatcher.fake_mode_refuses(FakeTensorMode(allow_non_fake_inputs=True), real)
+
+    def body(t):
+        mode = dispatcher.dispatch_modes()[-1]
+        assert dispatcher.is_functional_tensor_mode(mode)
+        assert dispatcher.is_functional_tensor_subclass(type(t))
+        assert dispatcher.is_functional_tensor(dispatcher.functional_tensor_elem(t))
+        op = torch.ops.aten.sin.default
+        assert not dispatcher.functional_mode_can_decompose(mode, op, (t,), {})
+        return t
+
+    dispatch_functionalize(body)(torch.randn(2))
+    assert torch.ops.aten.is_contiguous.default in dispatcher.functional_tensor_metadata_ops()
+    assert issubclass(FunctionalTensor, torch.Tensor)
+
+
+def test_functionalization_and_nested_queries():
+    lib = torch.library.Library("shim_mutable", "FRAGMENT")
+    try:
+        lib.define("bump(Tensor(a!) x) -> ()")
+        assert dispatcher.can_auto_functionalize(torch.ops.shim_mutable.bump.default)
+        assert not dispatcher.can_auto_functionalize(torch.ops.aten.sin.default)
+        assert not dispatcher.has_effects(torch.ops.shim_mutable.bump.default)
+    finally:
+        lib._destroy()
+    jagged = torch.nested.nested_tensor([torch.randn(2), torch.randn(3)], layout=torch.jagged)
+    assert dispatcher.jagged_rule(torch.ops.aten.sin.default, (jagged,), {}) is not None
+    assert dispatcher.jagged_rule(torch.ops.aten.mm.default, (jagged, jagged), {}) is None
+    assert dispatcher.vmap_fallback_enabled()
+
+
+def test_library_autocast_dtype():
+    lib = torch.library.Library("shim_autocast", "FRAGMENT")
+    try:
+        lib.define("cast(Tensor x) -> Tensor")
+        op = torch.ops.shim_autocast.cast.default
+        assert dispatcher.library_autocast_dtype(op, "AutocastCPU") is None
+        torch.library.register_autocast(op, "cpu", torch.float16, lib=lib)
+        assert dispatcher.library_autocast_dtype(op, "AutocastCPU") is torch.float16
+        assert dispatcher.library_autocast_dtype(op, "AutocastCUDA") is None
+    finally:
+        lib._destroy()
+
+
+def test_python_kernel():
+    """torch/_meta_registrations.py puts its Python Meta kernels on the OpOverload too."""
+    meta_mm = dispatcher.python_kernel(torch.ops.aten.mm.default, "Meta")
+    assert meta_mm is not None and meta_mm.__name__ == "meta_mm"
+    assert dispatcher.python_kernel(torch.ops.aten.mm.default, "NoSuchKey") is None
+    assert dispatcher.python_kernel(torch.ops.aten.mm.default, "XLA") is None

@@ -32,9 +32,10 @@ def test_the_cell_becomes_an_op_bound_under_its_function_name(cells: Cells) -> N
     text = str(summary)
     number = result.execution_count
     assert text.startswith("t_basic::numpy_sin(Tensor x) -> Tensor")
-    row = rf"CompositeExplicitAutograd +kernel +numpy_sin +cell \[{number}\], line 2"
+    row = rf"CompositeExplicitAutograd +kernel +numpy_sin · cell \[{number}\], line 2"
     assert re.search(row, text)
-    assert f"custom_op impl numpy_sin (cell [{number}], line 2)" in text  # the table's source
+    words = " ".join(text.split())  # whatever the terminal's width
+    assert f"custom_op impl numpy_sin (cell [{number}], line 2)" in words  # the table's source
     assert re.search(r"Meta +fake impl +\(none: FakeTensor/meta calls fail\)", text)
     assert "<details><summary>dispatch table</summary>" in summary._repr_html_()
     assert summary.table["CPU"].kind == "alias"
@@ -184,7 +185,7 @@ def test_check_runs_opcheck_and_gradcheck(cells: Cells) -> None:
     assert statuses["test_faketensor"] == "FAIL" and statuses["test_schema"] == "pass"
     assert "gradcheck" not in statuses  # no backward, so no gradcheck
     assert not failing.checks.passed
-    assert "There was no fake impl registered" in str(failing.checks)
+    assert "There was no fake impl registered" in " ".join(str(failing.checks).split())
     assert "#c62828" in failing.checks._repr_html_()
 
 
@@ -274,6 +275,34 @@ def test_bad_input_gives_one_clear_message_and_keeps_the_previous_op(
         assert error.__cause__.line == line
     assert cells.ns["op"] is previous
     assert torch.ops.t_bad.op(torch.zeros(1)).item() == 1
+
+
+def test_an_error_in_a_helper_shows_the_cells_call_chain(cells: Cells) -> None:
+    """The line that raised, and the cell line that called it, both at their cell lines."""
+    cell = (
+        "%%custom_op t_chain::op\n"
+        "def _checked(factor):\n"
+        "    if factor < 0:\n"
+        "        raise ValueError('factor must be positive')\n"
+        "    return torch.zeros(2)\n"
+        "def op(x: Tensor) -> Tensor:\n"
+        "    return x\n"
+        "_checked(-1.0)\n"
+    )
+    error = cells.fail(cell)
+    number = cells.shell.execution_count - 1
+    assert str(error).splitlines() == [
+        f"%%custom_op t_chain::op: cell [{number}], line 4: ValueError: factor must be positive",
+        f"    cell [{number}], line 8: _checked(-1.0)",
+        f"    cell [{number}], line 4, in _checked: raise ValueError('factor must be positive')",
+        "Fix the cell and run it again; t_chain::op was not registered.",
+    ]
+    assert error.__cause__.line == 4
+    outside = cells.fail(cell.replace("_checked(-1.0)", "torch.zeros(2).view(3)"))
+    assert "line 8: RuntimeError: shape '[3]' is invalid" in str(outside)
+    assert "raised in" not in str(outside)  # torch raised in C++: the cell line is the last
+    inside_torch = cells.fail(cell.replace("_checked(-1.0)", "torch.nn.functional.pad(1, 1)"))
+    assert re.search(r"\(raised in \w+, .*\.py:\d+\)", str(inside_torch)), str(inside_torch)
 
 
 def test_help_shows_every_option_and_companion(cells: Cells) -> None:

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -503,3 +504,76 @@ def test_torch_library_cells_are_listed_and_removed_at_unload(ipython, build_cac
         ipython.run_line_magic("unload_ext", "opmagic")
         ipython.reset()
     assert torch._C._dispatch_get_all_op_names() == names
+
+
+class FailingHandle:
+    """A tracked resource whose ``close()`` fails."""
+
+    description = "a handle that cannot be closed"
+
+    def close(self) -> None:
+        """Fail, as a resource whose teardown breaks would."""
+        raise OSError("the handle could not be closed")
+
+
+def test_unload_finishes_the_teardown_when_one_step_fails(ipython) -> None:
+    names = torch._C._dispatch_get_all_op_names()
+    ipython.run_line_magic("load_ext", "opmagic")
+    cells = Cells(ipython)
+    Handle.closed.clear()
+    track = "import opmagic\nopmagic.active_session().track({handle})\n"
+    try:
+        cells.ns.update(Handle=Handle, FailingHandle=FailingHandle)
+        cells.run("import torch\nfrom torch import Tensor")
+        cells.run(CUSTOM_OP.format(ns="t_teardown_a", value=1), "a")
+        cells.run(track.format(handle="Handle('before')"), "b")
+        cells.run(  # torn down between the others, and before the handle it tracked first
+            track.format(handle="Handle('beside')") + track.format(handle="FailingHandle()"), "c"
+        )
+        cells.run(track.format(handle="Handle('after')"), "d")
+        cells.run(CUSTOM_OP.format(ns="t_teardown_e", value=1), "e")
+        with pytest.raises(OSError, match="could not be closed"):
+            ipython.run_line_magic("unload_ext", "opmagic")
+        assert active_session() is None
+        assert torch._C._dispatch_get_all_op_names() == names
+        assert sorted(Handle.closed) == ["after", "before", "beside"]
+        assert "opmagic" not in ipython.magics_manager.magics["line"]
+        ipython.run_line_magic("load_ext", "opmagic")  # a whole load again, not a no-op
+        assert active_session() is not None
+        assert "opmagic" in ipython.magics_manager.magics["line"]
+    finally:
+        ipython.run_line_magic("unload_ext", "opmagic")
+        ipython.reset()
+
+
+def test_a_cell_may_not_redefine_an_op_of_a_torch_library_cell_and_is_told_why(
+    cells: Cells, build_cache
+) -> None:
+    library_cell = textwrap.dedent("""\
+        %%torch_library
+        #include <torch/library.h>
+        #include <ATen/core/Tensor.h>
+        at::Tensor twice(const at::Tensor& x) { return x.add(x); }
+        TORCH_LIBRARY(t_owned_cpp, m) { m.def("twice(Tensor x) -> Tensor"); }
+        TORCH_LIBRARY_IMPL(t_owned_cpp, CPU, m) { m.impl("twice", twice); }
+        """)
+    with capture_output():
+        loaded = cells.run(library_cell)
+    error = cells.fail(
+        "%%custom_op t_owned_cpp::twice\ndef twice(x: Tensor) -> Tensor:\n    return x * 3\n"
+    )
+    assert isinstance(error, UsageError)  # the magic's: "%%custom_op t_owned_cpp::twice: ..."
+    message = str(error)
+    assert "outside this opmagic session" not in message
+    assert (
+        "t_owned_cpp::twice is defined by the C++ library that cell "
+        f"[{loaded.execution_count}] loaded (C++ library t_owned_cpp" in message
+    )
+    assert f"take the definition out of cell [{loaded.execution_count}]" in message
+    # torch.library.custom_op itself, as without a session, refuses in torch's words
+    error = cells.fail(
+        "@torch.library.custom_op('t_owned_cpp::twice', mutates_args=())\n"
+        "def twice(x: Tensor) -> Tensor:\n    return x * 3\n"
+    )
+    assert "Tried to register an operator (t_owned_cpp::twice(Tensor x) -> Tensor)" in str(error)
+    assert torch.ops.t_owned_cpp.twice(torch.ones(2)).tolist() == [2.0, 2.0]

@@ -27,6 +27,10 @@ def namespace():
     def _(x):
         return torch.empty_like(x)
 
+    @torch.library.custom_op("opmagic_test_kernels::unfaked", mutates_args=())
+    def unfaked(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
     lib = torch.library.Library("opmagic_test_kernels", "FRAGMENT")
     lib.define("cpu_only(Tensor x) -> Tensor")
     lib.impl("cpu_only", lambda x: x.clone(), "CPU")
@@ -35,6 +39,7 @@ def namespace():
     yield "opmagic_test_kernels"
     lib._destroy()
     full._lib._destroy()
+    unfaked._lib._destroy()
 
 
 def test_long_form_rows(namespace):
@@ -45,6 +50,7 @@ def test_long_form_rows(namespace):
     assert ("opmagic_test_kernels::cpu_only", "Meta") not in rows  # the fallback is not listed
     assert rows[("opmagic_test_kernels::full", "CPU")] == ("alias", "CompositeExplicitAutograd")
     assert rows[("opmagic_test_kernels::full", "Meta")] == ("kernel", None)
+    assert rows[("opmagic_test_kernels::unfaked", "Meta")] == ("stub", None)
     assert rows[("opmagic_test_kernels::decomposed", "AutogradCPU")] == (
         "alias",
         "CompositeImplicitAutograd",
@@ -55,21 +61,34 @@ def test_long_form_rows(namespace):
 def test_wide_form_finds_ops_without_a_meta_kernel(namespace):
     wide = kernels(namespace, ["CPU", "Meta", "AutogradCPU"], wide=True)
     assert wide.index.names == ["op", "overload"]
-    lacking = wide[wide["Meta"].isin(["missing", "fallback"])].index.get_level_values("op")
-    assert list(lacking) == ["opmagic_test_kernels::cpu_only"]
+    lacking = wide[wide["Meta"].isin(["missing", "fallback", "stub"])]
+    assert list(lacking.index.get_level_values("op")) == [
+        "opmagic_test_kernels::cpu_only",
+        "opmagic_test_kernels::unfaked",
+    ]
+    assert wide.loc[("opmagic_test_kernels::unfaked", "default"), "Meta"] == "stub"
+    missing = kernels(namespace, ["CPU"], wide=True, missing="Meta")
+    assert list(missing.index.get_level_values("op")) == list(lacking.index.get_level_values("op"))
     autograd = wide["AutogradCPU"].to_dict()
     assert autograd[("opmagic_test_kernels::cpu_only", "default")] == "fallback"
     assert autograd[("opmagic_test_kernels::full", "default")] == "autograd"
 
 
 def test_agrees_with_dispatch_table_for_aten_ops():
-    frame = kernels("aten", ["CPU", "CUDA", "AutogradCPU", "ADInplaceOrView"])
-    sample = frame[frame["op"].isin(["aten::add", "aten::mul", "aten::view", "aten::sin"])]
+    frame = kernels("aten", ["CPU", "CUDA", "Meta", "AutogradCPU", "ADInplaceOrView"])
+    ops = ["aten::add", "aten::mul", "aten::view", "aten::sin", "aten::mm"]
+    sample = frame[frame["op"].isin(ops)]
     assert len(sample) > 10
     for row in sample.itertuples():
         name = row.op if row.overload == "default" else f"{row.op}.{row.overload}"
         entry = dispatch_table(name)[row.key]
-        assert (row.kind, _alias(row.alias)) == (entry.kind, entry.alias), row
+        assert (row.kind, _alias(row.alias), row.source) == (
+            entry.kind,
+            entry.alias,
+            entry.source,
+        ), row
+    mm_meta = sample[(sample["op"] == "aten::mm") & (sample["key"] == "Meta")]
+    assert mm_meta["source"].iloc[0].startswith("meta_mm (")
 
 
 def test_all_ops_and_default_keys():

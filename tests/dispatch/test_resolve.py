@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -147,11 +148,28 @@ def test_fake_tensor_mode_runs_the_fake_impl(custom_ops):
     assert "faked_fake" in r.python
 
 
-def test_tensor_subclass_hands_over_to_its_torch_dispatch():
+def test_tensor_subclass_is_followed_into_its_inner_tensors():
     x = TwoTensor(torch.randn(2), torch.randn(2))
     r = resolve("aten::add", x, x)
-    assert r.path[-1] == "Python"
-    assert "TwoTensor.__torch_dispatch__" in r.python
+    assert r.path == ("PythonTLSSnapshot", "AutogradCPU", "Python", "CPU")
+    python = r.steps[2]
+    assert python.action == "call" and "TwoTensor.__torch_dispatch__" in python.note
+    assert "inner tensors (a, b" in python.note
+    assert r.steps[3].assumed and r.python is None
+
+
+def test_a_wrapper_subclass_that_does_not_say_what_it_wraps_hands_over_to_python():
+    class Opaque(torch.Tensor):
+        @staticmethod
+        def __new__(cls, elem):
+            return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            raise NotImplementedError
+
+    r = resolve("aten::add", Opaque(torch.randn(2)), torch.randn(2))
+    assert r.path[-1] == "Python" and "Opaque.__torch_dispatch__" in r.python
 
 
 def test_dispatch_mode_steps_after_the_handler_are_marked_assumed():
@@ -212,27 +230,32 @@ def test_aten_op_against_probes_overriding_its_kernels():
     ("op", "args", "kwargs", "message"),
     [
         ("aten::add", ("a", 1), {}, r"No overload of aten::add accepts \(str 'a', int 1\)"),
-        (
-            "aten::add.Tensor",
-            (torch.randn(1), "a"),
-            {},
-            r"'other' of aten::add.Tensor must be a Tensor",
-        ),
         ("aten::add.Tensor", (torch.randn(1),), {}, "missing the required argument 'other'"),
         ("aten::sin.default", (torch.randn(1), torch.randn(1)), {}, "at most 1 positional"),
         ("aten::sin.default", (torch.randn(1),), {"bogus": 1}, "no argument named 'bogus'"),
-        (
-            "aten::cat.default",
-            ([torch.randn(1), 3],),
-            {},
-            "'tensors' of aten::cat must be a list of Tensors",
-        ),
         ("aten::sin.out", (torch.randn(1),), {}, "missing the required argument 'out'"),
     ],
 )
-def test_bad_arguments_give_one_clear_error(op, args, kwargs, message):
+def test_a_call_of_the_wrong_shape_is_one_clear_error(op, args, kwargs, message):
     with pytest.raises(ArgumentsMismatchError, match=message):
         resolve(op, *args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "message"),
+    [
+        ("aten::add.Tensor", (torch.randn(1), "a"), "'other' of aten::add.Tensor must be a Tensor"),
+        (
+            "aten::cat.default",
+            ([torch.randn(1), 3],),
+            "'tensors' of aten::cat must be a list of Tensors",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_the_resolutions_error(op, args, message):
+    resolution = resolve(op, *args)  # the real call refuses it before any kernel runs
+    assert re.search(message, resolution.error)
+    assert resolution.path == () and resolution.key is None
 
 
 def test_same_argument_twice_is_rejected():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.library import Library
 
-from opmagic import DispatchTable, OverloadTables, dispatch_table, runtime_keys
+from opmagic import DispatchTable, OverloadTables, dispatch_table, resolve, runtime_keys
 
 C = torch._C
 
@@ -129,6 +129,47 @@ def test_custom_op_entries_name_the_users_functions():
         scaled._lib._destroy()
 
 
+def test_a_custom_op_without_a_fake_impl_has_a_meta_stub():
+    """custom_op always registers a Meta kernel; without a fake impl it only raises."""
+
+    @torch.library.custom_op("opmagic_test_table::unfaked", mutates_args=())
+    def unfaked(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @torch.library.custom_op("opmagic_test_table::returns_nothing", mutates_args=["x"])
+    def returns_nothing(x: torch.Tensor) -> None:
+        x.mul_(2)
+
+    try:
+        meta = dispatch_table(unfaked)["Meta"]
+        assert (meta.kind, meta.kind_label) == ("stub", "stub: raises (no fake impl)")
+        assert meta.source == "no fake impl: register one with register_fake"
+        assert meta.has_kernel  # it runs, and raises: resolve puts it on the path and fails
+        assert dispatch_table(unfaked).frame().set_index("key").loc["Meta", "kind"] == "stub"
+        assert "stub: raises (no fake impl)" in str(dispatch_table(unfaked))
+        assert "NotImplementedError" in str(resolve(unfaked, torch.randn(2, device="meta")).error)
+        generated = dispatch_table(returns_nothing)["Meta"]  # custom_op makes a fake impl
+        assert generated.kind == "kernel" and "generated" in generated.source
+
+        @unfaked.register_fake
+        def _(x):
+            return torch.empty_like(x)
+
+        assert dispatch_table(unfaked)["Meta"].kind == "kernel"
+    finally:
+        unfaked._lib._destroy()
+        returns_nothing._lib._destroy()
+
+
+def test_python_meta_kernels_are_named_by_their_functions():
+    """torch/_meta_registrations.py registers every Python Meta kernel through one Library
+    line; the entry names the function instead."""
+    meta = dispatch_table("aten::mm")["Meta"]
+    assert "_meta_registrations.py" in meta.site
+    assert meta.source.startswith("meta_mm (torch/_meta_registrations.py:")
+    assert dispatch_table("aten::mm")["CPU"].impl is None  # a C++ kernel keeps its site
+
+
 def test_packet_with_default_gives_its_table_and_without_gives_all_overloads():
     assert isinstance(dispatch_table(torch.ops.aten.sin), DispatchTable)
     assert dispatch_table("aten::sin").op == "aten::sin"
@@ -161,7 +202,7 @@ def test_text_and_html_forms():
     table = dispatch_table("aten::add.Tensor")
     text = str(table)
     assert text.splitlines()[0] == table.schema
-    assert "AutogradNestedTensor" in text and "via Autograd" in text
+    assert "AutogradCPU, AutogradCUDA + 16 more keys" in text and "via Autograd" in text
     assert "registrations as made" in text
     html = table._repr_html_()
     assert html.index("<svg") < html.index("<details>") < html.index("<table>")

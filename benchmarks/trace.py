@@ -1,0 +1,188 @@
+"""What tracing costs: opmagic.trace of a TransformerEncoderLayer forward against the same
+forward untraced, measured in the same run; the trace's size; and what the other ways of
+watching operator calls see and cost.
+
+    python benchmarks/trace.py
+
+Target (issue 15): a traced forward (the trace built) takes <= 5x the untraced forward, for
+the module of notebooks/trace.ipynb; a toy-sized layer is reported too, where the tracer's
+per-call cost (shown in µs) weighs most. Timings are medians of traced and untraced runs
+taken alternately, on one intra-op thread (two threads on a shared machine make the
+untraced baseline itself noisy). The first trace of a process also works out each new
+call's path with resolve; later traces reuse those paths (checked against the operators'
+registrations once per trace), so the first trace is reported on its own.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import opmagic
+from opmagic._torch import op_observer
+
+TARGET_RATIO = 5.0
+
+
+def median_seconds(
+    measured: Callable[[], object], baseline: Callable[[], object], repeat: int = 60
+) -> tuple[float, float]:
+    """Median wall times of ``measured()`` and ``baseline()``, run alternately so that both
+    see the same load on a shared machine."""
+    for _ in range(5):
+        measured()
+        baseline()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        for fn, sink in ((measured, times[0]), (baseline, times[1])):
+            start = time.perf_counter()
+            fn()
+            sink.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def encoder_layer(d_model: int, batch: int, tokens: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A TransformerEncoderLayer (4 heads, feed-forward 2 x d_model) and its input."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model=d_model, nhead=4, dim_feedforward=2 * d_model, dropout=0.0, batch_first=True
+    )
+    return layer, torch.randn(batch, tokens, d_model)
+
+
+NOTEBOOK = (128, 16, 64)  # notebooks/trace.ipynb's layer: d_model 128, 16 sequences of 64 tokens
+SMALL = (32, 2, 8)  # a toy size, where the tracer's per-call cost shows most
+
+
+class CountingDispatchMode(TorchDispatchMode):
+    """What a TorchDispatchMode sees: calls that reach the Python key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+class CountingFunctionMode(TorchFunctionMode):
+    """What a TorchFunctionMode sees: the Python API calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def mechanisms(forward: Callable[[], object]) -> None:
+    """What each way of watching operator calls sees of one forward, and what it costs."""
+    print("\nways to watch the calls (calls seen; time vs the untraced forward):")
+
+    def observed() -> int:
+        op_observer.start(lambda *call: (0, None), lambda *op: True, "benchmark")
+        try:
+            forward()
+        finally:
+            _, events, _ = op_observer.stop()
+        return sum(1 for event in events if event[0] >= 0)
+
+    def dispatch_mode() -> int:
+        with CountingDispatchMode() as mode:
+            forward()
+        return mode.calls
+
+    def function_mode() -> int:
+        with CountingFunctionMode() as mode:
+            forward()
+        return mode.calls
+
+    def profiler() -> int:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            forward()
+        return sum(1 for event in prof.events() if "::" in event.name)
+
+    rows = [
+        ("RecordFunction observer, no paths", observed),
+        ("TorchDispatchMode", dispatch_mode),
+        ("TorchFunctionMode", function_mode),
+        ("torch.profiler", profiler),
+    ]
+    for name, run in rows:
+        seen = run()
+        seconds, untraced = median_seconds(run, forward, repeat=20)
+        print(f"  {name:<36} {seen:4d} calls  {seconds / untraced:5.2f}x")
+
+
+def compare(layer: torch.nn.Module, x: torch.Tensor, contexts: dict) -> dict[str, float]:
+    """Traced vs untraced forward under each context; returns the ratios."""
+    ratios = {}
+    for name, context in contexts.items():
+        with context():
+            opmagic.trace(layer, x)  # this context's paths, worked out once
+            traced, untraced = median_seconds(lambda: opmagic.trace(layer, x), lambda: layer(x))
+            calls = len(opmagic.trace(layer, x))
+        ratios[name] = traced / untraced
+        per_call = (traced - untraced) / calls * 1e6
+        print(
+            f"  {name:<15} traced {traced * 1e3:8.3f} ms, untraced {untraced * 1e3:7.3f} ms: "
+            f"ratio {ratios[name]:5.2f}x ({calls} calls, +{per_call:.0f} µs per call)"
+        )
+    return ratios
+
+
+def main() -> int:
+    """Run the benchmark; exit status 1 when the target is missed."""
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread")
+    layer, x = encoder_layer(*NOTEBOOK)
+    layer(x)  # torch's own first-call work is not the tracer's
+    started = time.perf_counter()
+    first = opmagic.trace(layer, x)
+    first_seconds = time.perf_counter() - started
+
+    print(f"\nthe notebook's TransformerEncoderLayer(d_model={NOTEBOOK[0]}), x {tuple(x.shape)}:")
+    ratios = compare(
+        layer,
+        x,
+        {
+            "grad": torch.enable_grad,
+            "inference_mode": torch.inference_mode,
+            "autocast cpu": lambda: torch.autocast("cpu"),
+        },
+    )
+    ok = ratios["grad"] <= TARGET_RATIO
+    print(
+        f"  target: traced <= {TARGET_RATIO:g}x untraced (grad): {'PASS' if ok else 'FAIL'} "
+        f"({ratios['grad']:.2f}x)"
+    )
+    untraced = median_seconds(lambda: layer(x), lambda: None)[0]
+    print(
+        f"  first trace of the process (every path worked out with resolve): "
+        f"{first_seconds * 1e3:.0f} ms = {first_seconds / untraced:.0f}x the untraced forward"
+    )
+    depth = max(call.depth for call in first.walk()) + 1
+    print(
+        f"  trace size: {len(first)} calls, {len(first.calls)} made by the module's Python "
+        f"code, {len({call.op for call in first.walk()})} distinct operators, depth {depth}, "
+        f"{len(first.surprises())} surprises"
+    )
+
+    small_layer, small_x = encoder_layer(*SMALL)
+    print(f"\na toy TransformerEncoderLayer(d_model={SMALL[0]}), x {tuple(small_x.shape)}:")
+    compare(small_layer, small_x, {"grad": torch.enable_grad})
+
+    mechanisms(lambda: layer(x))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

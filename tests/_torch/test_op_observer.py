@@ -1,0 +1,237 @@
+"""The operator observer shim: a log of every operator call on this thread, against real calls."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from opmagic._torch import op_observer
+
+
+class Describer:
+    """A ``describe`` callback that hands out one segment id per question and remembers them."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.questions: list[tuple[str, str, tuple[Any, ...], bool]] = []
+        self.fail_on = fail_on
+
+    def __call__(self, op: int, name: str, overload: str, inputs: tuple, decides: bool):
+        if name == self.fail_on:
+            raise ValueError(f"refusing {name}")
+        self.questions.append((name, overload, inputs, decides))
+        torch.ones(1)  # ops the callback runs itself are not logged
+        return len(self.questions) - 1, ("summary",) if decides else None
+
+
+def observe(
+    fn, describe: Describer | None = None, still_valid: bool = False
+) -> tuple[list, list, Any, Describer]:
+    """Log ``fn()``; ``still_valid``: what ``check`` answers (False: ask about every call)."""
+    describe = describe or Describer()
+    op_observer.start(describe, lambda op, name, overload: still_valid, "tests")
+    try:
+        fn()
+    finally:
+        ops, events, error = op_observer.stop()
+    return ops, events, error, describe
+
+
+def nesting(ops: list, events: list) -> list[str]:
+    """The log as indented operator names."""
+    depth, lines = 0, []
+    for op, _, _, _, _ in events:
+        if op >= 0:
+            name, overload = ops[op]
+            lines.append("  " * depth + (f"{name}.{overload}" if overload else name))
+            depth += 1
+        else:
+            depth -= 1
+    return lines
+
+
+def test_logs_calls_nested_as_they_ran_with_their_arguments() -> None:
+    x = torch.randn(2, 3)
+    ops, events, error, describe = observe(lambda: torch.nn.functional.linear(x, torch.ones(4, 3)))
+    assert error is None
+    lines = nesting(ops, events)
+    assert "aten::linear" in lines
+    assert "  aten::t" in lines  # called by linear's CompositeImplicitAutograd kernel
+    assert lines.count("aten::ones") == 1  # the describer's own torch.ones is not logged
+    linear = next(q for q in describe.questions if q[0] == "aten::linear")
+    assert linear[2][0] is x and linear[3] is False
+    enter = next(e for e in events if e[0] >= 0 and ops[e[0]] == ("aten::linear", ""))
+    kinds, values = enter[4]
+    assert kinds == "ttv" and values[0] == (torch.float32, "cpu", (2, 3), False)
+
+
+def test_describe_gets_each_kind_of_argument_as_the_python_value_it_was() -> None:
+    generator = torch.Generator().manual_seed(1234)
+    x, index = torch.randn(2, 3), torch.tensor([0, 2])
+
+    def calls() -> None:
+        x + 1
+        torch.randn(2, generator=generator)
+        torch.full((2,), 1 + 2j)
+        x.to(torch.device("meta"), torch.float64)
+        x[:, index] = 0.5
+        torch.ops.aten.div.Tensor_mode(x, x, rounding_mode="floor")
+
+    _, _, error, describe = observe(calls)
+    assert error is None
+    asked = {(name, overload): inputs for name, overload, inputs, _ in describe.questions}
+    one = asked[("aten::add", "Tensor")][1]  # a wrapped number reaches the kernel as a tensor
+    assert isinstance(one, torch.Tensor) and one.item() == 1
+    size, passed = asked[("aten::randn", "generator")][:2]  # a new wrapper of the same one
+    assert size == [2] and passed.initial_seed() == generator.initial_seed()
+    assert asked[("aten::full", "")][1] == 1 + 2j
+    assert asked[("aten::to", "device")][1] == torch.device("meta")
+    indices = asked[("aten::index_put_", "")][1]
+    assert indices[0] is None and indices[1] is index
+    assert asked[("aten::div", "Tensor_mode")][2] == "floor"
+
+
+def test_asks_once_per_operator_and_dispatch_state_and_keeps_the_answers() -> None:
+    x = torch.randn(3)
+
+    def calls() -> None:
+        for _ in range(5):
+            torch.sin(x)
+        with torch.no_grad():
+            torch.sin(x)
+
+    op_observer.start(Describer(), lambda *op: True, "another owner")  # their answers are
+    op_observer.stop()  # theirs: the next owner starts afresh
+    _, events, _, describe = observe(calls, still_valid=True)
+    assert [q[0] for q in describe.questions] == ["aten::sin", "aten::sin"]  # grad, no_grad
+    segments = [e[1] for e in events if e[0] >= 0]
+    assert segments == [0, 0, 0, 0, 0, 1]
+    _, again, _, asked = observe(calls, still_valid=True)  # check says the answers hold
+    assert asked.questions == [] and [e[1] for e in again if e[0] >= 0] == segments
+    _, _, _, asked = observe(calls, still_valid=False)  # registrations changed: ask again
+    assert len(asked.questions) == 2
+
+
+def test_always_asks_when_python_code_decides_the_path() -> None:
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(3)
+
+    def calls() -> None:
+        with PassThrough():
+            torch.sin(x)
+            torch.sin(x)
+
+    ops, events, _, describe = observe(calls)
+    decided = [q[3] for q in describe.questions if q[0] == "aten::sin"]
+    # each call asks (the mode decides); the mode's own calls of sin ask once, then hit
+    assert decided == [True, False, True]
+    enters = [e for e in events if e[0] >= 0 and ops[e[0]][0] == "aten::sin"]
+    assert enters[0][4] == ("summary",)
+
+
+def test_an_exception_leaving_a_call_marks_its_exit() -> None:
+    def calls() -> None:
+        with pytest.raises(RuntimeError):
+            torch.ones(2) @ torch.ones(3)
+
+    _, events, _, _ = observe(calls)
+    exits = [e[1] for e in events if e[0] < 0]
+    assert exits[-1] is True  # matmul raised
+    assert exits[0] is False  # the first torch.ones returned
+
+
+def test_an_exception_in_describe_stops_the_log_and_is_handed_back() -> None:
+    ops, events, error, _ = observe(
+        lambda: (torch.randn(2).sin(), torch.ones(2)), Describer(fail_on="aten::sin")
+    )
+    assert isinstance(error, ValueError) and "aten::sin" in str(error)
+    assert all(ops[e[0]][0] != "aten::ones" for e in events if e[0] >= 0)
+    assert not op_observer.running()
+
+
+def test_other_threads_are_not_logged() -> None:
+    worker = threading.Thread(target=lambda: torch.ones(2).cos())
+    ops, _, _, _ = observe(lambda: (worker.start(), worker.join(), torch.ones(1).sin()))
+    names = {name for name, _ in ops}
+    assert "aten::sin" in names and "aten::cos" not in names
+
+
+def test_refuses_a_second_observer_on_the_thread() -> None:
+    op_observer.start(Describer(), lambda *op: False, "tests")
+    try:
+        assert op_observer.running()
+        with pytest.raises(RuntimeError, match="already running"):
+            op_observer.start(Describer(), lambda *op: False, "tests")
+    finally:
+        op_observer.stop()
+    assert not op_observer.running()
+
+
+def test_enum_tables_turn_logged_ints_back_into_torch_objects() -> None:
+    tables = op_observer.enum_tables()
+    assert tables["ScalarType"][6] is torch.float32
+    assert torch.bfloat16 in tables["ScalarType"]
+    assert tables["Layout"][0] is torch.strided
+    assert torch.channels_last in tables["MemoryFormat"]
+
+
+def test_build_directory_is_private_and_keyed_by_torch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    directory = op_observer.build_directory()
+    assert directory.is_relative_to(tmp_path / "opmagic" / "op_observer")
+    (tmp_path / "opmagic").mkdir(mode=0o777)
+    (tmp_path / "opmagic").chmod(0o777)
+    from opmagic.errors import CacheDirectoryError
+
+    with pytest.raises(CacheDirectoryError, match="not private"):
+        op_observer._make_private(directory)
+
+
+BACKGROUND_BUILD = """
+import sys, threading
+from IPython.core.interactiveshell import InteractiveShell
+from opmagic._torch import op_observer
+
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "opmagic")
+builds = [t for t in threading.enumerate() if t.name == "opmagic operator observer build"]
+print("building at load:", len(builds))
+print("second start:", op_observer.build_in_background())
+import torch, opmagic
+t = opmagic.trace(torch.add, torch.ones(2), torch.ones(2))
+print("traced:", [call.op for call in t.calls])
+print("builds left:", sum(t.is_alive() for t in builds))
+print("second process start:", op_observer.build_in_background())
+"""
+
+
+@pytest.mark.slow
+def test_load_ext_builds_the_observer_in_the_background_and_the_first_trace_waits(
+    tmp_path,
+) -> None:
+    """On a fresh cache ``%load_ext opmagic`` starts the build; the first trace waits for
+    that build (saying so once) instead of starting a second one."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", BACKGROUND_BUILD], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines() == [
+        "building at load: 1",
+        "second start: None",  # one build at a time
+        "traced: ['aten::add.Tensor']",
+        "builds left: 0",
+        "second process start: None",  # built: nothing to do
+    ], run.stdout
+    assert run.stderr.count("waiting for the operator observer") == 1, run.stderr
+    assert "compiling the operator observer" not in run.stderr  # no second, foreground build
