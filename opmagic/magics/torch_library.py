@@ -114,6 +114,14 @@ def _replaces(identity: tuple, earlier: tuple) -> bool:
     return identity[0] == earlier[0] == "defines" and bool(set(identity[1]) & set(earlier[1]))
 
 
+def precompile_headers_in_background() -> None:
+    """Start precompiling the torch headers the first cells will use, in a background process
+    (a warm-up of ``%load_ext opmagic``): returns at once and never raises (no compiler or an
+    unusable cache: the first cell says so, with what to do)."""
+    with contextlib.suppress(OpmagicError, OSError):
+        precompile_headers(wait=False)
+
+
 @magics_class
 class TorchLibraryMagics(Magics):
     """The ``%%torch_library`` cell magic.
@@ -124,9 +132,7 @@ class TorchLibraryMagics(Magics):
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
-        # no compiler or an unusable cache: the first cell says so, with what to do
-        with contextlib.suppress(OpmagicError, OSError):
-            precompile_headers(wait=False)
+        precompile_headers_in_background()
 
     @magic_arguments()
     @with_options(BUILD_OPTIONS)

@@ -13,8 +13,12 @@ from IPython.utils.capture import capture_output
 from opmagic import active_session
 from opmagic._torch import dispatcher
 from opmagic.errors import BuildOptionError, CompileError, RegistrationError
-from opmagic.magics.torch_library import TorchLibraryMagics, cell_identity
-from opmagic.native import LoadedLibrary
+from opmagic.magics.torch_library import (
+    TorchLibraryMagics,
+    cell_identity,
+    precompile_headers_in_background,
+)
+from opmagic.native import LoadedLibrary, compile_library, precompile_headers
 
 from ..native.sources import op_source, reload_variant, stable_op_source
 
@@ -200,3 +204,21 @@ def test_unload_unregisters_every_library_the_cells_loaded(shell):
         assert not any(n.startswith("mg_close3::") for n in dispatcher.all_op_names())
     finally:
         shell.run_line_magic("load_ext", "opmagic")
+
+
+@pytest.mark.slow
+def test_load_ext_starts_precompiling_the_headers_of_the_first_cells(tmp_path, monkeypatch):
+    """The warm-up ``%load_ext opmagic`` runs: on an empty cache it starts precompiling the
+    stable and core sets in a background process and returns; a stable-ABI build after that
+    process is done uses its header."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    precompile_headers_in_background()
+    assert len(list(tmp_path.glob("**/prefix/*/precompiling.pid"))) == 2  # started, not done
+    assert not list(tmp_path.glob("**/prefix/*/prefix.h.gch"))
+    precompile_headers()  # waits for that process
+    assert len(list(tmp_path.glob("**/prefix/*/prefix.h.gch"))) == 2
+    library = compile_library(stable_op_source("tl_warm"), progress=None)
+    try:
+        assert library.build.precompiled and library.build.headers_seconds == 0
+    finally:
+        library.close()
