@@ -5,6 +5,8 @@ the classic tab replaces the stable one, and unloading removes everything."""
 
 from __future__ import annotations
 
+import re
+
 import nbformat
 import pytest
 
@@ -41,10 +43,9 @@ def test_the_stable_cells_register_at_their_cell_lines(executed):
     number = first.execution_count
     text = _text(first)
     assert "precompiled stable headers" in text or "no precompiled headers" in text
-    assert (
-        "extension_cpp::mymuladd(Tensor a, Tensor b, float c) -> Tensor  "
-        f"cell [{number}], line 32"
-    ) in text
+    # the location beside the schema, or below it where the text is narrow
+    schema = re.escape("extension_cpp::mymuladd(Tensor a, Tensor b, float c) -> Tensor")
+    assert re.search(rf"{schema}\s+cell \[{number}\], line 32", text)
     assert f"cell [{number}], line 38" in text  # the CPU kernel: its block's line
     assert "extension_cpp::myadd_out(Tensor(a!) a" not in _text(edited)
     assert "extension_cpp::myadd_out(Tensor a, Tensor b, Tensor(a!) out) -> ()" in _text(edited)
@@ -61,7 +62,7 @@ def test_a_failing_edit_shows_its_errors_once_and_keeps_the_previous_version(exe
     cell = next(c for c in executed if c.source.startswith("edited = "))
     html = [o.data["text/html"] for o in cell.outputs if "text/html" in o.get("data", {})]
     assert len(html) == 1 and "2 errors" in html[0]
-    assert "expected &#x27;,&#x27; or &#x27;;&#x27; before &#x27;return&#x27;" in html[0]
+    assert "&#x27;offset&#x27; was not declared" in html[0]
     assert "&#x27;reslt&#x27; was not declared" in html[0]
     assert "tensor([" in _text(cell)  # mymul, from the version that compiled
 
