@@ -42,6 +42,7 @@ _SOURCE_EXCERPT = re.compile(r"^\s*\d*\s*\|")
 _UNKNOWN_KEY = re.compile(r"['‘](\w+)['’] is not a member of ['‘]c10::DispatchKey['’]")
 _MARGIN = re.compile(r"^(?P<pad> *)(?P<number>\d+)(?P<rest> \|.*)$")  # GCC's "  12 | code"
 _LINKER = re.compile(r"^(?:ld(?:\.\w+)?|mold)$")  # linkers that name themselves in messages
+_LINK_FAILED = re.compile(r"\bld returned \d+ exit status")  # the driver's closing line
 _TAB_STOP = 8  # GCC's -ftabstop default, by which it counts columns after a tab
 ERRORS = ("error", "fatal error")
 MAX_SHOWN_ERRORS = 10  # errors a message shows at their lines; the log has every one
@@ -123,7 +124,11 @@ def first_error(diagnostics: tuple[Diagnostic, ...]) -> Diagnostic | None:
 
 
 def reported_errors(diagnostics: tuple[Diagnostic, ...]) -> list[Diagnostic]:
-    """Every error of a build, in the compiler's order, each once (one message at one place)."""
+    """Every error of a build, in the compiler's order, each once (one message at one place).
+
+    The compiler driver's closing "ld returned 1 exit status" is left out where the linker
+    said why itself (lld and mold do; GCC's collect2 line then adds nothing).
+    """
     seen: set[tuple] = set()
     errors = []
     for diagnostic in diagnostics:
@@ -131,6 +136,8 @@ def reported_errors(diagnostics: tuple[Diagnostic, ...]) -> list[Diagnostic]:
         if diagnostic.is_error and identity not in seen:
             seen.add(identity)
             errors.append(diagnostic)
+    if any(e.file is not None and _LINKER.match(e.file) for e in errors):
+        errors = [e for e in errors if not _LINK_FAILED.search(e.message)]
     return errors
 
 
