@@ -18,7 +18,9 @@ import torch
 
 from .._torch import dispatcher
 from ..errors import OpmagicError
+from .ops import op_ref
 from .resolve import Resolution, resolve
+from .trace import Trace, trace
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,23 @@ class CallContext:
             if self.vmap:
                 return _resolve_vmapped(op, args, kwargs)
             return resolve(op, *args, **kwargs)
+
+    def trace(self, op: Any, *args: Any, **kwargs: Any) -> Trace:
+        """``opmagic.trace`` of one call of ``op`` inside this context: the call runs (on fake
+        tensors under ``fake``; mapped over dim 0 of its tensor arguments under ``vmap``)."""
+        overload = op_ref(op).op_overload()
+        with self._entered() as convert:
+            args, kwargs = _map_tensors(convert, args, kwargs)
+            if not self.vmap:
+                return trace(overload, *args, **kwargs)
+
+            def body(*batched: torch.Tensor) -> Any:
+                """Inside vmap: the call with the BatchedTensors put back in place."""
+                remaining = iter(batched)
+                inner_args, inner_kwargs = _map_tensors(lambda _: next(remaining), args, kwargs)
+                return overload(*inner_args, **inner_kwargs)
+
+            return trace(torch.func.vmap(body), *_batched_tensors(args, kwargs))
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
@@ -111,8 +130,8 @@ def _map_tensors(
     return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
 
 
-def _resolve_vmapped(op: Any, args: tuple, kwargs: dict) -> Resolution:
-    """Resolve inside ``torch.func.vmap``: the arguments arrive as BatchedTensors, as in a vmap."""
+def _batched_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensor arguments vmap maps over (dim 0 of each); none, or a 0-dim one, is refused."""
     tensors: list[torch.Tensor] = []
     _map_tensors(tensors.append, args, kwargs)
     if not tensors:
@@ -125,6 +144,12 @@ def _resolve_vmapped(op: Any, args: tuple, kwargs: dict) -> Resolution:
             "vmap maps over dim 0 of every tensor argument, and a 0-dim tensor has none: give "
             "each tensor argument a leading batch dimension."
         )
+    return tensors
+
+
+def _resolve_vmapped(op: Any, args: tuple, kwargs: dict) -> Resolution:
+    """Resolve inside ``torch.func.vmap``: the arguments arrive as BatchedTensors, as in a vmap."""
+    tensors = _batched_tensors(args, kwargs)
     found: list[Resolution] = []
 
     def body(*batched: torch.Tensor) -> torch.Tensor:

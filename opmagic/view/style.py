@@ -14,7 +14,10 @@ STYLESHEET = (
     ".opmagic .call{font-family:monospace;font-size:12px;white-space:nowrap}"
     ".opmagic .calls{margin-left:10px;padding-left:8px;border-left:1px solid #ddd}"
     ".opmagic .call .op{font-weight:bold}.opmagic .call .time{color:#555}"
-    ".opmagic div.call{padding-left:14px}</style>"
+    ".opmagic div.call{padding-left:14px}"
+    ".opmagic .headline{white-space:normal;font-weight:bold}"  # a summary wraps where it is shown
+    # long call rows scroll in their pane, which takes the width it is given, not theirs
+    ".opmagic .calls-pane{overflow-x:auto;contain:inline-size}</style>"
 )
 
 # text colour per kernel kind (TableEntry.kind), in HTML, diagrams and DataFrames

@@ -178,9 +178,8 @@ def trace_html(trace: Trace) -> str:
     surprises = trace.surprises()
     summary = surprises_html(surprises, wrapped=False) if len(surprises) else ""
     calls = "".join(_call_html(c) for c in trace.calls) or '<div class="dim">(no calls)</div>'
-    return styled(
-        "".join(f"<div><b>{escape(line)}</b></div>" for line in _headline(trace)) + summary + calls
-    )
+    headline = "".join(f'<div class="headline">{escape(line)}</div>' for line in _headline(trace))
+    return styled(f'{headline}{summary}<div class="calls-pane">{calls}</div>')
 
 
 @renders(TracedCall, "html")

@@ -45,6 +45,7 @@ SERVER_START_S = 90
 PAGE_S = 90  # JupyterLab loading, the kernel starting
 RUN_ALL_S = 240  # every quickstart cell (torch import, diagrams, kernels of aten)
 REDRAW_S = 60
+TRACE_S = 180  # the first trace may wait for its observer to finish compiling
 PATH_TITLES = "els => els.map(e => e.textContent)"
 PATH_NODES = ".opmagic-explorer .opmagic-path svg g.node.path > title"
 
@@ -330,6 +331,17 @@ def test_quickstart_explorer_shows_the_answer_at_two_window_sizes(
             assert kernels.filter(has_text="via Autograd").count() == 1
             assert kernels.count() <= 6
             page.screenshot(path=str(ARTIFACTS / "explorer-kernels-1024x768.png"))
+
+            # the trace tab: the sample call run and traced, its tree and surprises
+            explorer.locator(".lm-TabBar-tab", has_text="trace").click()
+            explorer.get_by_role("button", name="trace this call").click()
+            trace = explorer.locator(".opmagic-trace")
+            trace.get_by_text("operator call").first.wait_for(timeout=TRACE_S * 1000)
+            assert "scale" in trace.inner_text()
+            tab = explorer.locator(".widget-tab-contents").first
+            assert _overflows(tab) == {"x": False, "y": False}, _sticking_out(tab)
+            trace.locator(".calls-pane").scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "explorer-trace-1024x768.png"))
             explorer.locator(".lm-TabBar-tab", has_text="path").click()
 
             # Enter in the search takes the first match

@@ -133,3 +133,19 @@ def test_kernels_missing_lists_only_operators_without_their_own_kernel() -> None
 def test_kernels_missing_rejects_unknown_keys() -> None:
     with pytest.raises(OpmagicError, match="Unknown dispatch key 'Metal2'"):
         kernels("aten", missing="Metal2")
+
+
+def test_trace_runs_the_call_inside_the_context() -> None:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    traced = CallContext(fake=True).trace(MUL, *_pair())
+    assert isinstance(traced.result, FakeTensor)  # the inputs were converted, the call ran fake
+    assert [call.op for call in traced.calls] == ["aten::mul.Tensor"]
+    assert "Python" in traced.calls[0].path
+    inference = CallContext(inference_mode=True).trace(MUL, *_pair(requires_grad=True))
+    assert inference.calls[0].path == ("CPU",)  # inference_mode skips autograd
+
+
+def test_trace_under_vmap_refuses_a_call_without_tensors() -> None:
+    with pytest.raises(OpmagicError, match="at least one tensor"):
+        CallContext(vmap=True).trace(torch.ops.aten.scalar_tensor.default, 1.0)

@@ -19,6 +19,7 @@ from ...dispatch import DispatchTable, Resolution
 from ...dispatch.contexts import CallContext
 from ...dispatch.ops import all_qualnames, op_parameters, op_ref, overloads_of
 from ...dispatch.table import table_for
+from ...dispatch.trace import Trace
 from ...errors import OpmagicError
 from .samples import BATCH, ArgumentSlot, call_arguments, plan_arguments
 
@@ -167,6 +168,14 @@ class ExplorerModel:
     def table(self) -> DispatchTable | None:
         """The selected overload's dispatch table, or None without a valid selection."""
         return table_for(op_ref(self.op_name)) if self.qualname is not None else None
+
+    def trace(self) -> Trace:
+        """Run the call on the sample inputs inside the contexts and trace every operator it
+        makes (``opmagic.trace``): the decompositions, casts and redispatches under it."""
+        if self.problem is not None or self.qualname is None:
+            raise OpmagicError(self.problem or "Choose an operator first.")
+        args, kwargs = call_arguments(self.slots, BATCH if self.context.vmap else None)
+        return self.context.trace(self.op_name, *args, **kwargs)
 
     def opcheck(self) -> dict[str, str]:
         """Run ``torch.library.opcheck`` on the sample inputs (no contexts): test -> result."""

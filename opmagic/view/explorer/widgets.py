@@ -31,11 +31,15 @@ from .samples import DTYPES, LAYOUTS, VIEWS, ArgumentSlot, devices
 
 ALL_NAMESPACES = "(all namespaces)"
 AUTOCAST_OFF = "off"
-TABS = ("path", "table", "steps", "kernels", "opcheck")
+TABS = ("path", "table", "steps", "kernels", "trace", "opcheck")
 _AUTO = {"width": "auto"}
 _SPACED = {"width": "auto", "margin": "2px 12px 2px 2px"}  # a checkbox before the next one
 _COMPACT = {"description_width": "initial"}  # labels as wide as their text
 _WRAPPING = {"flex_flow": "row wrap", "align_items": "center"}
+_TRACE_HINT = (
+    "trace runs the call on the sample inputs, in the contexts above, and shows every "
+    "operator it made: the path of each, and the calls its kernels made in turn."
+)
 _STALE = "opacity:0.35"  # the last diagram, kept while the inputs do not make a call
 _TOGGLES = (  # (CallContext field, checkbox label)
     ("no_grad", "no_grad"),
@@ -103,6 +107,8 @@ class Explorer:
         self.table_view = _classed(widgets.HTML(), "opmagic-table")
         self.steps_view = widgets.HTML()
         self.kernels_view = _classed(widgets.HTML(), "opmagic-kernels")
+        self.trace_button = widgets.Button(description="trace this call", icon="play")
+        self.trace_view = _classed(widgets.HTML(_TRACE_HINT), "opmagic-trace")
         self.opcheck_button = widgets.Button(description="run opcheck", icon="check")
         self.opcheck_view = widgets.HTML(
             "opcheck runs the operator on the sample inputs (without the contexts) and tests "
@@ -114,6 +120,7 @@ class Explorer:
                 self.table_view,
                 self.steps_view,
                 self.kernels_view,
+                widgets.VBox([self.trace_button, self.trace_view]),
                 widgets.VBox([self.opcheck_button, self.opcheck_view]),
             ]
         )
@@ -149,6 +156,7 @@ class Explorer:
             box.observe(functools.partial(self._on_toggle, name), "value")
         self.autocast.observe(self._on_autocast, "value")
         self.show_all.observe(self._on_show_all, "value")
+        self.trace_button.on_click(self._on_trace)
         self.opcheck_button.on_click(self._on_opcheck)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -217,6 +225,17 @@ class Explorer:
         self.model.show_all = change["new"]
         self._draw_table()
         self.refresh()
+
+    @_guarded
+    def _on_trace(self, _button: Any) -> None:
+        """Run the call on the sample inputs in the contexts and show every operator it made."""
+        self.trace_view.value = "tracing…"
+        try:
+            traced = self.model.trace()
+        except OpmagicError as exc:
+            self.trace_view.value = _error_html(str(exc))
+            return
+        self.trace_view.value = traced._repr_html_()  # the op's own error is shown in it
 
     @_guarded
     def _on_opcheck(self, _button: Any) -> None:

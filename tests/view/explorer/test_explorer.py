@@ -9,6 +9,7 @@ import torch
 
 import opmagic
 from opmagic.view.explorer.model import ExplorerModel, find_ops, namespaces
+from opmagic.view.explorer.samples import BATCH
 from opmagic.view.explorer.widgets import Explorer
 
 from ..svgfacts import svg_facts
@@ -133,6 +134,31 @@ def test_opcheck_runs_on_the_sample_inputs() -> None:
     results = ExplorerModel(scale).opcheck()
     assert results["test_schema"] == "SUCCESS"
     assert results["test_faketensor"] == "SUCCESS"
+
+
+def test_trace_runs_the_sample_call_in_the_contexts() -> None:
+    model = ExplorerModel("aten::linear")
+    plain = model.trace()
+    assert [call.op for call in plain.calls] == ["aten::linear"]
+    assert plain.calls[0].path[0].startswith("Autograd")
+    model.set_context(autocast="cpu", no_grad=True)
+    under_autocast = model.trace()
+    assert under_autocast.calls[0].path[0] == "AutocastCPU"
+    assert "aten::to.dtype" in {call.op for call in under_autocast.walk()}  # its casts
+
+
+def test_trace_under_vmap_maps_over_the_batch() -> None:
+    model = ExplorerModel("aten::mul.Tensor")
+    model.set_context(vmap=True)
+    traced = model.trace()
+    assert traced.result.shape[0] == BATCH
+    assert any("FuncTorchBatched" in key for call in traced.walk() for key in call.path)
+
+
+def test_trace_of_a_bad_selection_says_why() -> None:
+    model = ExplorerModel("aten::no_such_op")
+    with pytest.raises(opmagic.OpmagicError, match="no_such_op"):
+        model.trace()
 
 
 # ------------------------------------------------------------------ widgets
@@ -268,6 +294,18 @@ def test_a_failure_inside_a_handler_is_shown_not_raised(monkeypatch: pytest.Monk
     monkeypatch.setattr(explorer.model, "outcome", broken)
     explorer.toggles["no_grad"].value = True
     assert "RuntimeError: boom" in explorer.message.value
+
+
+def test_widget_trace_button_fills_the_tab() -> None:
+    explorer = Explorer("aten::linear")
+    explorer.autocast.value = "cpu"
+    explorer.trace_button.click()
+    text = unescape(explorer.trace_view.value)
+    assert "trace: " in text and "aten::linear" in text and "autocast cast" in text
+    explorer.search.value = "aten::no_such_op"
+    explorer.model.select("aten::no_such_op")
+    explorer.trace_button.click()  # a refusal is shown in the tab, never raised
+    assert "no_such_op" in unescape(explorer.trace_view.value)
 
 
 def test_widget_opcheck_button_fills_the_tab() -> None:
