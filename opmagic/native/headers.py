@@ -93,6 +93,14 @@ class Prefix:
     # where macros are recorded that the user set with -D/-U and that turned out to change
     # these headers (GCC skips the precompiled header then): later builds precompile them in
     macros_file: Path | None = None
+    # the precompiling to start in the background once this build is compiled (beside it,
+    # it slowed the compile by ~1.6 s of 1.9 s on the 2-core machine, at no cost in CPU time)
+    pending: tuple[_Precompile, ...] = ()
+
+    def start_pending(self, cache: BuildCache) -> None:
+        """Start the background precompiling this build left for after its compile."""
+        if self.pending:
+            start_in_background(self.pending, cache)
 
 
 def preamble_flavours(source: str) -> tuple[str, ...]:
@@ -204,9 +212,10 @@ def prepare_prefix(
 ) -> Prefix:
     """The prefix header for ``source``, precompiled when its precompiled form is there.
 
-    A missing precompiled header is built in the background for later builds (``wait``:
-    built now, or waited for when another process builds it), and this build parses the
-    headers itself. The user's ``-D``/``-U`` flags (``defines``) are left out of the
+    A missing precompiled header is built in the background for later builds, started by
+    :meth:`Prefix.start_pending` once this build is compiled (``wait``: built now, or waited
+    for when another process builds it), and this build parses the headers itself. The
+    user's ``-D``/``-U`` flags (``defines``) are left out of the
     precompiled header, so that macros the torch headers never look at do not cost a header
     build each. GCC refuses a precompiled header whose macros differ where it matters; such
     macros are recorded (:func:`record_macro`) and precompiled in from then on. A header set
@@ -243,7 +252,6 @@ def prepare_prefix(
         if job.done():
             return Prefix(header, header_set, True, seconds, macros_file=macros_file)
         return Prefix(header, header_set, False, note=f"precompiling failed: {job.failed}")
-    start_in_background([job], cache)
     return Prefix(
         header,
         header_set,
@@ -251,6 +259,7 @@ def prepare_prefix(
         note=f"the {header_set.name} headers are being precompiled in the background for the "
         "next builds",
         macros_file=macros_file,
+        pending=(job,),
     )
 
 
@@ -333,7 +342,7 @@ def precompile_headers(
             )
             flags = toolchain.compile_flags(options.opt_level, options.cflags)
             stopwatch = Stopwatch("headers", None)
-            prepare_prefix(
+            prefix = prepare_prefix(
                 options.source,
                 toolchain,
                 flags,
@@ -344,6 +353,7 @@ def precompile_headers(
                 retry_failed=False,
                 wait=wait,
             )
+            prefix.start_pending(cache)
         return
     flags = toolchain.compile_flags(normalise_opt_level(opt_level), ())
     jobs = []

@@ -278,6 +278,7 @@ def compile_unit(
     compiled = run_step(
         command, cwd=scratch, stopwatch=stopwatch, env=compile_env(toolchain, cache)
     )
+    prefix.start_pending(cache)
     return CompiledUnit(compiled, prefix, f"{stem}.o", f"{stem}.d")
 
 
