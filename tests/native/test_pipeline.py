@@ -16,7 +16,7 @@ import torch
 from opmagic.native import BuildProgress, compile_library, precompile_headers
 from opmagic.native.toolchain import find_toolchain
 
-from .sources import op_source
+from .sources import op_source, stable_op_source
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -215,3 +215,31 @@ def test_ccache_is_used_when_cxx_names_it(loaded, tmp_path, monkeypatch):
     assert "pch_defines" in sloppiness and "time_macros" in sloppiness
     assert "-c cl_ccache.cpp" in command
     assert library.build.commands[0].startswith(str(fake))
+
+
+@pytest.mark.slow
+def test_a_first_build_starts_the_background_precompile_after_its_compile(
+    loaded, tmp_path, monkeypatch
+):
+    """Beside the compile, the precompile slowed it (in wall time) on a 2-core machine: the
+    compiler sees no precompiling process; once the build is done, one is at work (or done)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    seen = tmp_path / "seen.log"
+    launcher = tmp_path / "bin" / "launcher"  # $CXX's launcher, as ccache is
+    launcher.parent.mkdir()
+    launcher.write_text(  # at the source's compile: which precompiles are at work
+        f'#!/bin/sh\ncase "$*" in *"-c cl_after.cpp"*)\n'
+        f"  ls {cache}/opmagic/*/prefix/*/precompiling.pid >> {seen} 2>/dev/null\n"
+        f"  echo compiling >> {seen};;\nesac\n"
+        'exec "$@"\n'
+    )
+    launcher.chmod(0o755)
+    monkeypatch.setenv("CXX", f"{launcher} g++")
+    source = stable_op_source("cl_after")
+    library = compile_library(source, progress=None)
+    loaded.append(library)
+    assert seen.read_text().splitlines() == ["compiling"]  # no precompile beside it
+    assert list(cache.glob("**/prefix/*/precompiling.pid")) or list(cache.glob("**/*.gch"))
+    precompile_headers([source])  # waits for it
+    assert len(list(cache.glob("**/prefix/*/prefix.h.gch"))) == 1
