@@ -10,8 +10,8 @@ mymuladd on the LibTorch stable ABI, ``no_implicit_headers=True``.
 
 Targets (issue 11), as ratios to the baseline of the same source:
 
-- the first cell on an empty cache (no precompiled headers yet: they are built in the
-  background meanwhile) is never slower than load_inline: <= 1.0x;
+- the first cell on an empty cache (no precompiled headers yet: the build starts them in
+  the background once it is compiled) is never slower than load_inline: <= 1.0x;
 - a cold cell after the one-time precompiled headers: <= 0.35x for torch/extension.h, the
   minimal one <= 0.12x of the torch/extension.h baseline, a stable-ABI cell <= 1.0x;
 - editing one line and re-running: about the cold build of that source or better;
@@ -359,7 +359,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="opmagic-bench-") as scratch:
         run = Runner(Path(scratch))
 
-        print("first cell on an empty cache (headers precompile in the background meanwhile):")
+        print("first cell on an empty cache (it starts precompiling the headers once compiled):")
         first_ext, li_ext = alternate(
             expensive,
             lambda: run.first_cell(run.fresh(EXTENSION_SOURCE)),
@@ -382,7 +382,7 @@ def main() -> int:
         line("load_inline, stable-ABI mymuladd (no_implicit_headers)", li_stable, li_stable)
         check("opmagic, stable-ABI mymuladd", first_stable, li_stable, 1.0, "<= 1.0x")
 
-        print("one-time precompiled headers (SCHED_IDLE, in the background of the first cell):")
+        print("one-time precompiled headers (SCHED_IDLE, in the background, after the first cell):")
         for name, source in (
             ("extension", EXTENSION_SOURCE),
             ("core", MINIMAL_SOURCE),
