@@ -43,6 +43,7 @@ from .errors import (
     CompileError,
     CudaToolkitError,
     ForeignOperatorError,
+    LoadError,
     NoGPUError,
     NotAnOperatorError,
     OperatorNameError,
@@ -60,6 +61,7 @@ from .native import (
     compile_cuda_kernels,
     compile_cuda_library,
     compile_library,
+    precompile_headers,
 )
 
 if TYPE_CHECKING:
@@ -115,6 +117,7 @@ __all__ = [
     "ForeignOperatorError",
     "KernelRow",
     "KeyInfo",
+    "LoadError",
     "LoadedLibrary",
     "Mismatch",
     "NoGPUError",
@@ -149,6 +152,7 @@ __all__ = [
     "explore",
     "kernels",
     "key_info",
+    "precompile_headers",
     "registration_site",
     "resolve",
     "runtime_keys",

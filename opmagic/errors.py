@@ -92,12 +92,14 @@ class CacheFullError(BuildError):
 
 
 class CompileError(BuildError, Displayable):
-    """The compiler rejected the source; the message shows the first error at its source line.
+    """The compiler rejected the source; the message shows every error at its source line.
 
-    In a notebook it displays as the error beside its source line, the log folded below.
-    ``diagnostics`` holds every parsed compiler message, ``log`` the full compiler output,
-    ``command`` the command that failed; ``source``, ``label`` and ``first_line`` say which
-    source it was and how the user numbers its lines.
+    In a notebook it displays as the errors beside their source lines, the log folded below;
+    a front end that displayed it sets ``displayed``, and the traceback then adds nothing.
+    ``diagnostics`` holds every parsed compiler message, ``log`` the full compiler output
+    (the source's lines numbered as the user sees them), ``command`` the command that
+    failed; ``source``, ``label`` and ``first_line`` say which source it was and how the user
+    numbers its lines.
     """
 
     def __init__(
@@ -118,10 +120,22 @@ class CompileError(BuildError, Displayable):
         self.source = source
         self.label = label
         self.first_line = first_line
+        self.displayed = False
+
+    def _render_traceback_(self) -> list[str]:
+        """Nothing when the error was displayed already (in a notebook), else the message."""
+        return [] if self.displayed else super()._render_traceback_()
 
 
 class LoadError(BuildError):
-    """A built library could not be loaded (an undefined symbol, a foreign build)."""
+    """A built library could not be loaded: an undefined symbol, a foreign build, or C++ that
+    crashed or registered outside its blocks when tried in a child process (nothing of it was
+    loaded). ``line`` is the source line at fault, when known, in the source's numbering.
+    """
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
 
 
 class RegistrationError(OpmagicError):

@@ -32,8 +32,9 @@ def build_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def ipython() -> InteractiveShell:
-    """The process's IPython shell, with torch warmed up."""
+def ipython(build_cache: Path) -> InteractiveShell:
+    """The process's IPython shell, with torch warmed up (``%load_ext opmagic`` precompiles
+    headers in the background: in the run's cache, never in the user's own)."""
     warm_up_torch()
     return InteractiveShell.instance()
 

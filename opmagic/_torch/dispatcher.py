@@ -8,7 +8,7 @@ boundary as plain ``int`` raw representations (``DispatchKeySet.raw_repr``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -263,6 +263,35 @@ def is_fake_tensor_type(cls: type) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return issubclass(cls, FakeTensor)
+
+
+# a key nothing registers kernels for: an operator held alive gets a fallthrough kernel there
+_HOLD_KEY = "QuantizedPrivateUse3"
+
+
+def hold_operators(qualnames: Iterable[str]) -> Callable[[], None]:
+    """Keep these operators' dispatcher entries alive until the returned function is called.
+
+    An operator whose last registration goes away is freed, and handles to it (a ``static``
+    typed handle in a C++ library, ``torch.ops`` objects) would dangle while its library is
+    replaced. Each one gets a fallthrough kernel for a key no tensor has, from a library of
+    its namespace; the returned function removes them (unused operators are freed then).
+    """
+    libraries: dict[str, Any] = {}
+    key = getattr(_C.DispatchKey, _HOLD_KEY)
+    for qualname in qualnames:
+        namespace = qualname.split("::", 1)[0]
+        library = libraries.get(namespace)
+        if library is None:
+            library = _C._dispatch_library("FRAGMENT", namespace, "", "opmagic (held)", 0)
+            libraries[namespace] = library
+        library.impl(qualname, key, torch.library.fallthrough_kernel, False)
+
+    def release() -> None:
+        for library in libraries.values():
+            library.reset()
+
+    return release
 
 
 # ---------------------------------------------------------------- call arguments

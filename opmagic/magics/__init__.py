@@ -29,6 +29,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
 # for that thread instead of doing the work again), does nothing when the work is already
 # done, and never raises: its failure is reported when the feature is used.
 WARM_UPS: list[tuple[str, str]] = [
+    ("opmagic.native.headers", "precompile_headers_in_background"),  # for the first C++ cells
     ("opmagic.dispatch.trace", "prepare_in_background"),  # compile trace's operator observer
 ]
 

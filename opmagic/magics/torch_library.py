@@ -96,8 +96,9 @@ def load_library_cell(
             progress=progress,
         )
     except CompileError as error:
-        if in_notebook:
+        if in_notebook:  # the errors at their lines, the log folded; no traceback after it
             progress.show(error)
+            error.displayed = True
         raise
     except BuildOptionError as error:
         raise BuildOptionError(f"{magic}: {error}") from None
@@ -121,14 +122,16 @@ class TorchLibraryMagics(Magics):
     @with_options(COMPARE_OPTIONS)
     @cell_magic
     def torch_library(self, line: str, cell: str) -> LoadedLibrary:
-        """Compile the cell (C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks), load it,
-        and show the operators and kernels it registered.
+        """Compile the cell (C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks, or their
+        STABLE_TORCH_LIBRARY* forms for the LibTorch stable ABI), load it, and show the
+        operators and kernels it registered.
 
         The cell is written as a real extension source, with its own #include lines; the
         ops are at torch.ops.NAMESPACE.* right after. Re-running the cell replaces what it
         registered before, including changed schemas. Builds are cached per user in
-        $XDG_CACHE_HOME/opmagic. A compile error stops the run and points at the cell line;
-        the previous version of the cell stays loaded.
+        $XDG_CACHE_HOME/opmagic. A compile error stops the run and shows each error at its
+        cell line; a library that crashes or registers outside its blocks when tried in a
+        child process is not loaded; either way the previous version of the cell stays.
         """
         args = parse_options(self.torch_library, line)
         build = functools.partial(compile_library, cell, **build_keywords(args))

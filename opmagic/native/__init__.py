@@ -11,7 +11,7 @@ from .cuda.launcher import CudaKernel, cdiv
 from .cuda.library import compile_cuda_library
 from .cuda.nvrtc import CudaKernels, compile_cuda_kernels
 from .diagnostics import Diagnostic
-from .headers import HEADER_SETS, HeaderSet
+from .headers import HEADER_SETS, HeaderSet, precompile_headers
 from .library import LoadedLibrary, compile_library
 from .options import DEFAULT_OPT_LEVEL
 from .pipeline import BuildInfo
@@ -37,5 +37,6 @@ __all__ = [
     "compile_cuda_kernels",
     "compile_cuda_library",
     "compile_library",
+    "precompile_headers",
     "stderr_progress",
 ]

@@ -40,7 +40,12 @@ _CONTEXT_SITE = re.compile(
 )
 _SOURCE_EXCERPT = re.compile(r"^\s*\d*\s*\|")
 _UNKNOWN_KEY = re.compile(r"['‘](\w+)['’] is not a member of ['‘]c10::DispatchKey['’]")
+_MARGIN = re.compile(r"^(?P<pad> *)(?P<number>\d+)(?P<rest> \|.*)$")  # GCC's "  12 | code"
+_LINKER = re.compile(r"^(?:ld(?:\.\w+)?|mold)$")  # linkers that name themselves in messages
+_LINK_FAILED = re.compile(r"\bld returned \d+ exit status")  # the driver's closing line
+_TAB_STOP = 8  # GCC's -ftabstop default, by which it counts columns after a tab
 ERRORS = ("error", "fatal error")
+MAX_SHOWN_ERRORS = 10  # errors a message shows at their lines; the log has every one
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,24 @@ def first_error(diagnostics: tuple[Diagnostic, ...]) -> Diagnostic | None:
     return next((d for d in diagnostics if d.is_error), None)
 
 
+def reported_errors(diagnostics: tuple[Diagnostic, ...]) -> list[Diagnostic]:
+    """Every error of a build, in the compiler's order, each once (one message at one place).
+
+    The compiler driver's closing "ld returned 1 exit status" is left out where the linker
+    said why itself (lld and mold do; GCC's collect2 line then adds nothing).
+    """
+    seen: set[tuple] = set()
+    errors = []
+    for diagnostic in diagnostics:
+        identity = (diagnostic.user_line, diagnostic.column, diagnostic.message)
+        if diagnostic.is_error and identity not in seen:
+            seen.add(identity)
+            errors.append(diagnostic)
+    if any(e.file is not None and _LINKER.match(e.file) for e in errors):
+        errors = [e for e in errors if not _LINK_FAILED.search(e.message)]
+    return errors
+
+
 def hint_for(message: str) -> str | None:
     """A plain-words explanation for compiler messages that are hard to read."""
     unknown_key = _UNKNOWN_KEY.search(message)
@@ -134,17 +157,56 @@ def hint_for(message: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ExcerptLine:
+    """One line of a source excerpt, as the user numbers it."""
+
+    number: int
+    text: str  # tabs expanded to the compiler's tab stops, so that columns line up
+    is_it: bool  # the line the diagnostic is about
+    caret: int | None = None  # on that line: the offset of the diagnostic's column
+
+
 def source_excerpt(
-    source: str, line: int, first_line: int, radius: int = 2
-) -> list[tuple[int, str, bool]]:
-    """``(displayed line number, text, is the line itself)`` around ``line`` of ``source``.
+    source: str, diagnostic: Diagnostic, first_line: int, radius: int = 2
+) -> list[ExcerptLine]:
+    """The lines around the source line ``diagnostic`` is about (none when it has none).
 
     ``first_line`` is the number the source's first line has where the user sees it (a cell
-    body starts at line 2 of a ``%%torch_library`` cell).
+    body starts at line 2 of a ``%%torch_library`` cell). The caret is given when the
+    compiler reported a column in the source itself (GCC counts a tab up to the next tab
+    stop of 8, as the expanded text does).
     """
+    line = diagnostic.user_line
     lines = source.splitlines()
+    if line is None or not 1 <= line <= len(lines):
+        return []
     start, stop = max(1, line - radius), min(len(lines), line + radius)
-    return [(n + first_line - 1, lines[n - 1], n == line) for n in range(start, stop + 1)]
+    caret = diagnostic.column - 1 if diagnostic.column and diagnostic.in_source else None
+    return [
+        ExcerptLine(
+            n + first_line - 1,
+            lines[n - 1].expandtabs(_TAB_STOP),
+            n == line,
+            caret if n == line else None,
+        )
+        for n in range(start, stop + 1)
+    ]
+
+
+def excerpt_text(excerpt: list[ExcerptLine], indent: str = "  ") -> list[str]:
+    """An excerpt as text: ``> 9 | code``, and the caret under the column on the next line."""
+    if not excerpt:
+        return []
+    width = len(str(excerpt[-1].number))
+    lines = []
+    for entry in excerpt:
+        lines.append(
+            f"{indent}{'>' if entry.is_it else ' '} {entry.number:>{width}} | {entry.text}"
+        )
+        if entry.caret is not None:
+            lines.append(f"{indent}  {' ' * width} | {' ' * entry.caret}^")
+    return lines
 
 
 def where(label: str, line: int | None, first_line: int) -> str:
@@ -161,34 +223,67 @@ def failure_text(
     label: str,
     first_line: int,
 ) -> str:
-    """The message of a failed compile: the first error, its source line, the error count."""
-    error = first_error(diagnostics)
-    errors = sum(1 for d in diagnostics if d.is_error)
+    """The message of a failed compile: every error at its source line (the first with more
+    context), then the error count."""
+    errors = reported_errors(diagnostics)
     warnings = sum(1 for d in diagnostics if d.severity == "warning")
-    if error is None:
+    if not errors:
         return (
             f"{library}: the compiler failed without an error message; its output is in "
             "CompileError.log (or run with verbose=True)."
         )
-    lines = [f"{library}: compile error at {where(label, error.user_line, first_line)}:"]
-    message = error.message
-    if error.file == "collect2" and error.context:  # "ld returned 1 exit status": say why
-        lines[0] = f"{library}: link error:"
-        message = "\n  ".join(error.context)
-    if error.file is not None and error.line is not None and not error.in_source:
-        message += f"  [reported in {shorten_path(error.file)}:{error.line}]"
-    lines.append(f"  {message}")
-    hint = hint_for(error.message)
-    if hint:
-        lines.append(f"  hint: {hint}")
-    if error.user_line is not None:
-        width = len(str(error.user_line + first_line + 2))
-        for number, text, is_it in source_excerpt(source, error.user_line, first_line):
-            lines.append(f"  {'>' if is_it else ' '} {number:>{width}} | {text}")
-            if is_it and error.column and error.in_source:
-                lines.append(f"    {' ' * width} | {' ' * (error.column - 1)}^")
-    summary = f"{errors} error{'s' if errors != 1 else ''}"
+    lines = []
+    for index, error in enumerate(errors[:MAX_SHOWN_ERRORS]):
+        place = where(label, error.user_line, first_line)
+        head = f"{library}: compile error at {place}:" if index == 0 else f"and at {place}:"
+        message = error.message
+        if error.file == "collect2" and error.context:  # "ld returned 1 exit status": say why
+            head = f"{library}: link error:"
+            message = "\n  ".join(error.context)
+        elif error.file is not None and _LINKER.match(error.file):  # ld.lld: error: ...
+            head = f"{library}: link error:"
+            message = f"{error.file}: {message}"
+        if error.file is not None and error.line is not None and not error.in_source:
+            message += f"  [reported in {shorten_path(error.file)}:{error.line}]"
+        lines += [head, f"  {message}"]
+        hint = hint_for(error.message)
+        if hint:
+            lines.append(f"  hint: {hint}")
+        lines += excerpt_text(source_excerpt(source, error, first_line, 2 if index == 0 else 0))
+    summary = f"{len(errors)} error{'s' if len(errors) != 1 else ''}"
+    if len(errors) > MAX_SHOWN_ERRORS:
+        summary += f" ({len(errors) - MAX_SHOWN_ERRORS} more not shown)"
     if warnings:
         summary += f", {warnings} warning{'s' if warnings != 1 else ''}"
     lines.append(f"{summary}; the full compiler output is in CompileError.log.")
     return "\n".join(lines)
+
+
+def renumber_log(output: str, source_name: str, first_line: int) -> str:
+    """Compiler output with the lines of ``source_name`` numbered as the user sees them.
+
+    GCC (``file:12:5:``, and the ``  12 | code`` margins of its excerpts) and nvcc/NVRTC
+    (``file(12):``, ``at line 12 of "file"``) number the lines of the file compiled; the
+    user's numbering starts at ``first_line``, so the log agrees with the messages' cell lines.
+    """
+    shift = first_line - 1
+    if not shift:
+        return output
+    name = re.escape(source_name)
+    located = re.compile(rf"(?P<before>(?:^|[\s\"(]){name}(?::|\())(?P<line>\d+)")
+    at_line = re.compile(rf"at line (?P<line>\d+) of (?P<file>\"?{name}\b)")
+    in_source = False
+    renumbered = []
+    for line in output.split("\n"):
+        margin = _MARGIN.match(line)
+        if margin is not None and in_source:
+            width = len(margin["pad"]) + len(margin["number"])
+            line = f"{int(margin['number']) + shift:>{width}}{margin['rest']}"
+        elif margin is None:
+            diagnostic = _LOCATED.match(line)
+            if diagnostic is not None:
+                in_source = diagnostic["file"] == source_name
+            line = located.sub(lambda m: f"{m['before']}{int(m['line']) + shift}", line)
+            line = at_line.sub(lambda m: f"at line {int(m['line']) + shift} of {m['file']}", line)
+        renumbered.append(line)
+    return "\n".join(renumbered)

@@ -1,9 +1,11 @@
 """``compile_library``: C++ source with ``TORCH_LIBRARY`` blocks in, registered operators out.
 
 Steps: check the options (:mod:`.options`); pick the cached build of the source or build it
-under the key's lock (:mod:`.pipeline`); map a private copy of it (:mod:`.loader`); then
-register its blocks, replacing the library it supersedes, and compare the dispatcher before
-and after to say what it added (:mod:`.registration`).
+under the key's lock (:mod:`.pipeline`); try a new build in a child process first, so that
+C++ which crashes or registers outside its blocks cannot end this one (:mod:`.probe`); map a
+private copy of it (:mod:`.loader`); then register its blocks, replacing the library it
+supersedes, and compare the dispatcher before and after to say what it added
+(:mod:`.registration`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .diagnostics import where
 from .loader import NativeLibrary
 from .options import DEFAULT_OPT_LEVEL, BuildOptions
 from .pipeline import BuildInfo, published_build
+from .probe import probe
 from .progress import ProgressCallback, stderr_progress
 from .registration import Registration, SourceSite, register
 from .snapshots import NewKernel, NewOperator
@@ -157,9 +160,13 @@ def load_library(
     request, built = published_build(options, cuda, progress)
     started = time.perf_counter()
     path = built.directory / f"lib{options.name}.so"
-    native = NativeLibrary(path, built.library_sha256 or None)
     site = SourceSite(built.directory / built.source_name, options.label, options.first_line)
-    registration = register(native, site, replace._registration if replace is not None else None)
+    previous = (
+        replace._registration if replace is not None and replace._registration.active else None
+    )
+    probe(path, site, previous, options.source)
+    native = NativeLibrary(path, built.library_sha256 or None)
+    registration = register(native, site, previous)
     return LoadedLibrary(
         name=options.name,
         key=request.key,

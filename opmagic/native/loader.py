@@ -24,7 +24,7 @@ from pathlib import Path
 from ..errors import LoadError
 from .blocks import Block
 
-ABI_VERSION = 1  # opmagic_abi_version() of libraries built with this preamble
+ABI_VERSION = 2  # opmagic_abi_version() of libraries built with this preamble
 _UNDEFINED = re.compile(r"undefined symbol: (\S+)")
 
 
@@ -63,10 +63,7 @@ class NativeLibrary:
         self._lib.opmagic_block.restype = ctypes.c_char_p
         self._lib.opmagic_block.argtypes = [ctypes.c_int]
         self._lib.opmagic_init.restype = ctypes.c_char_p
-        self._lib.opmagic_init.argtypes = [ctypes.c_char_p]
-        self._lib.opmagic_hold_operators.restype = ctypes.c_void_p
-        self._lib.opmagic_hold_operators.argtypes = [ctypes.c_char_p]
-        self._lib.opmagic_release_operators.argtypes = [ctypes.c_void_p]
+        self._lib.opmagic_init.argtypes = [ctypes.c_char_p, ctypes.c_int]
         self.blocks = tuple(self._block(i) for i in range(self._lib.opmagic_block_count()))
 
     def _block(self, index: int) -> Block:
@@ -74,13 +71,14 @@ class NativeLibrary:
         macro, namespace, key, line = self._lib.opmagic_block(index).decode().split("\t")
         return Block(macro, namespace, key or None, int(line))
 
-    def init(self, site_file: str) -> tuple[str, int] | None:
-        """Register every block (``site_file`` names the registration site); the error if any.
+    def init(self, site_file: str, count: int = -1) -> tuple[str, int] | None:
+        """Register every block, or the first ``count`` (``site_file`` names the registration
+        site); the error if any.
 
         On an error nothing of this library stays registered; returns ``(message, line of
         the failing block)``.
         """
-        error = self._lib.opmagic_init(site_file.encode())
+        error = self._lib.opmagic_init(site_file.encode(), count)
         if error is None:
             return None
         return error.decode(errors="replace"), self._lib.opmagic_error_line()
@@ -88,14 +86,6 @@ class NativeLibrary:
     def fini(self) -> None:
         """Remove every registration :meth:`init` made."""
         self._lib.opmagic_fini()
-
-    def hold(self, operators: list[str]) -> int:
-        """Keep these operators in the dispatcher until :meth:`release` (see the preamble)."""
-        return self._lib.opmagic_hold_operators("\n".join(operators).encode())
-
-    def release(self, handle: int) -> None:
-        """Let go of operators held by :meth:`hold`."""
-        self._lib.opmagic_release_operators(handle)
 
 
 _MAPPED: list[NativeLibrary] = []  # every library ever loaded: never unmapped

@@ -98,7 +98,7 @@ class BuildOptions:
         missing = [d for d in includes if not os.path.isdir(d)]
         if missing:
             raise BuildOptionError(f"Include directory not found: {', '.join(missing)}.")
-        opt = _opt_level(opt_level)
+        opt = normalise_opt_level(opt_level)
         check_source_position(label, first_line)
         for what, value in (
             ("precompiled_headers", precompiled_headers),
@@ -242,7 +242,7 @@ def _split_defines(flags: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, 
     return tuple(others), tuple(defines)
 
 
-def _opt_level(level: int | str) -> str:
+def normalise_opt_level(level: int | str) -> str:
     """``"2"`` for ``2``, ``"2"`` or ``"-O2"``; raises for levels GCC does not have."""
     text = str(level).removeprefix("-O")
     if text not in OPT_LEVELS:

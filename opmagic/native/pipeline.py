@@ -38,7 +38,7 @@ from .cache import (
     write_atomic,
 )
 from .compiler import StepResult, run_step
-from .diagnostics import failure_text, first_error, parse_diagnostics
+from .diagnostics import failure_text, first_error, parse_diagnostics, renumber_log
 from .headers import PREAMBLE, Prefix, macro_name, prepare_prefix, record_macro
 from .options import BuildOptions
 from .progress import ProgressCallback, Stopwatch
@@ -335,6 +335,7 @@ def compile_unit(
     compiled = run_step(
         command, cwd=scratch, stopwatch=stopwatch, env=compile_env(toolchain, cache)
     )
+    prefix.start_pending(cache)
     return CompiledUnit(compiled, prefix, f"{stem}.o", f"{stem}.d")
 
 
@@ -492,7 +493,8 @@ def dependency_names(deps_file: Path) -> list[str]:
 def compile_error(
     request: BuildRequest, toolchain: Toolchain, step: StepResult, source_name: str
 ) -> Exception:
-    """The exception for a failed compile or link: the first error at its source line."""
+    """The exception for a failed compile or link: its errors at their source lines, and the
+    compiler's output with the source's lines numbered as the user sees them."""
     options = request.options
     diagnostics = parse_diagnostics(step.output, source_name)
     error = first_error(diagnostics)
@@ -509,7 +511,7 @@ def compile_error(
     return CompileError(
         failure_text(library, diagnostics, options.source, options.label, options.first_line),
         diagnostics=diagnostics,
-        log=step.output,
+        log=renumber_log(step.output, source_name, options.first_line),
         command=step.command_line,
         source=options.source,
         label=options.label,

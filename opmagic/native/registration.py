@@ -132,15 +132,16 @@ def register(
     """
     if not native.blocks:
         raise RegistrationError(
-            f"{site.label} defines no TORCH_LIBRARY, TORCH_LIBRARY_FRAGMENT or "
-            "TORCH_LIBRARY_IMPL block: there is nothing to register."
+            f"{site.label} has no registration block (TORCH_LIBRARY, TORCH_LIBRARY_FRAGMENT, "
+            "TORCH_LIBRARY_IMPL, or their STABLE_TORCH_LIBRARY* forms for the stable ABI): "
+            "there is nothing to register."
         )
     previous = replace if replace is not None and replace.active else None
     registration = Registration(native, site)
     namespaces = registration.namespaces
     if previous is not None:
         namespaces |= previous.namespaces
-    held = native.hold(_names_in(namespaces)) if previous is not None else None
+    release = dispatcher.hold_operators(_names_in(namespaces)) if previous is not None else None
     redefined = [op.name for op in previous.operators] if previous is not None else []
     site_file = str(site.file)
     SITE_LABELS.add(registration)
@@ -149,11 +150,11 @@ def register(
             previous.native.fini()
         before = snapshot(namespaces)
         failure = native.init(site_file)
-        if failure is not None and held is not None and _SIGNATURE_CHANGED in failure[0]:
+        if failure is not None and release is not None and _SIGNATURE_CHANGED in failure[0]:
             # a held entry remembers its kernels' old C++ signature: let the entries go
             # (handles to them were typed for the old signature anyway) and register afresh
-            native.release(held)
-            held = None
+            release()
+            release = None
             failure = native.init(site_file)
         if failure is not None:
             raise _registration_error(failure, registration, previous)
@@ -163,8 +164,8 @@ def register(
         if previous is not None:
             previous._ended()
     finally:
-        if held is not None:
-            native.release(held)
+        if release is not None:
+            release()
         # torch.ops caches a packet per operator: drop those whose definition changed (only
         # those: torch keys tables by the packets of operators it owns, aten's included)
         dispatcher.refresh_operators(redefined)

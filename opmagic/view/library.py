@@ -6,12 +6,19 @@ from collections.abc import Iterator
 from html import escape
 from typing import TYPE_CHECKING
 
-from ..dispatch.sites import label_site
+from ..dispatch.sites import label_site, shorten_path
 from ..display import renders
 from ..errors import CompileError
-from ..native.diagnostics import first_error, hint_for, source_excerpt, where
+from ..native.diagnostics import (
+    MAX_SHOWN_ERRORS,
+    ExcerptLine,
+    hint_for,
+    reported_errors,
+    source_excerpt,
+    where,
+)
 from ..native.library import LoadedLibrary
-from .style import FAIL_COLOUR, styled
+from .style import FAIL_COLOUR, FAIL_FILL, styled
 from .text import aligned, fitted
 
 if TYPE_CHECKING:
@@ -28,7 +35,7 @@ def build_summary(library: LoadedLibrary) -> str:
         if build.headers_seconds:
             how += f" (of which {build.headers_seconds:.1f} s precompiling headers, once)"
         if build.repaired:
-            how += f" again, as the cache's copy was damaged ({build.repaired})"
+            how += f" (found damaged in the cache: {build.repaired})"
     headers = (
         f"precompiled {build.header_set} headers"
         if build.precompiled
@@ -102,30 +109,49 @@ def library_html(library: LoadedLibrary) -> str:
 
 @renders(CompileError, "html")
 def compile_error_html(error: CompileError) -> str:
-    """The first error beside its source line (highlighted), the full log collapsed."""
-    first = first_error(error.diagnostics)
-    head = escape(str(error).splitlines()[0])
-    body = ""
-    if first is not None:
-        body += f'<div style="color:{FAIL_COLOUR}"><b>{escape(first.message)}</b></div>'
-        hint = hint_for(first.message)
+    """Every error at its source line (highlighted, the caret under the column), the full
+    compiler output folded below."""
+    errors = reported_errors(error.diagnostics)
+    library = str(error).split(":", 1)[0]
+    count = f"{len(errors)} error{'s' if len(errors) != 1 else ''}" if errors else "failed"
+    parts = [f"<div><b>{escape(library)}: {count}</b></div>"]
+    for index, diagnostic in enumerate(errors[:MAX_SHOWN_ERRORS]):
+        place = where(error.label, diagnostic.user_line, error.first_line)
+        message = diagnostic.message
+        if diagnostic.file is not None and diagnostic.line is not None and not diagnostic.in_source:
+            message += f"  [reported in {shorten_path(diagnostic.file)}:{diagnostic.line}]"
+        parts.append(
+            f'<div style="color:{FAIL_COLOUR};margin-top:6px"><b>{escape(place)}:</b> '
+            f"{escape(message)}</div>"
+        )
+        hint = hint_for(diagnostic.message)
         if hint:
-            body += f"<div>hint: {escape(hint)}</div>"
-        if first.user_line is not None:
-            rows = "".join(
-                f'<tr style="background:{"#ffebee" if is_it else "transparent"}">'
-                f'<td class="dim">{number}</td><td><pre style="margin:0">{escape(text)}</pre></td>'
-                "</tr>"
-                for number, text, is_it in source_excerpt(
-                    error.source, first.user_line, error.first_line
-                )
-            )
-            body += f"<table>{rows}</table>"
-        elif first.file is None:
-            body += f'<div class="dim">{escape(where(error.label, None, error.first_line))}</div>'
-    count = len(error.log.splitlines())
-    log = (
-        f"<details><summary>full compiler output ({count} lines)</summary>"
+            parts.append(f"<div>hint: {escape(hint)}</div>")
+        excerpt = source_excerpt(error.source, diagnostic, error.first_line, 2 if index == 0 else 0)
+        if excerpt:
+            parts.append(f"<pre>{_excerpt_html(excerpt)}</pre>")
+    if len(errors) > MAX_SHOWN_ERRORS:
+        parts.append(f"<div class='dim'>{len(errors) - MAX_SHOWN_ERRORS} more in the log</div>")
+    if not errors:
+        parts.append(f"<pre>{escape(str(error))}</pre>")
+    lines = len(error.log.splitlines())
+    parts.append(
+        f"<details><summary>full compiler output ({lines} lines)</summary>"
         f"<pre>{escape(error.command)}\n\n{escape(error.log)}</pre></details>"
     )
-    return styled(f"<div><b>{head}</b></div>{body}{log}")
+    return styled("".join(parts))
+
+
+def _excerpt_html(excerpt: list[ExcerptLine]) -> str:
+    """Excerpt lines as the text form has them, the line at fault highlighted."""
+    width = len(str(excerpt[-1].number))
+    rows = []
+    for entry in excerpt:
+        row = f"{entry.number:>{width}} | {escape(entry.text)}"
+        if entry.is_it:
+            row = f'<span style="background:{FAIL_FILL}">{row}</span>'
+        rows.append(row)
+        if entry.caret is not None:
+            caret = f'<span style="color:{FAIL_COLOUR}">^</span>'
+            rows.append(f"{' ' * width} | {' ' * entry.caret}{caret}")
+    return "\n".join(rows)

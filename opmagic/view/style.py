@@ -10,6 +10,7 @@ STYLESHEET = (
     "<style>div.opmagic{line-height:1.4}div.opmagic.opmagic td,div.opmagic.opmagic th"
     "{padding:1px 8px;text-align:left;vertical-align:top;font-family:monospace;font-size:12px}"
     "div.opmagic.opmagic th{white-space:nowrap}div.opmagic .dim{color:#888}"
+    "div.opmagic.opmagic pre{text-align:left;margin:2px 0;font-size:12px;line-height:1.35}"
     ".opmagic .call{font-family:monospace;font-size:12px;white-space:nowrap}"
     ".opmagic .calls{margin-left:10px;padding-left:8px;border-left:1px solid #ddd}"
     ".opmagic .call .op{font-weight:bold}.opmagic .call .time{color:#555}"

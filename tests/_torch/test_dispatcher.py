@@ -133,6 +133,17 @@ def test_refresh_operators_forgets_stale_packets_on_every_torch():
         lib._destroy()
 
 
+def test_hold_operators_keeps_an_entry_alive_until_released():
+    library = torch.library.Library("shim_hold", "DEF")
+    library.define("held(Tensor x) -> Tensor")
+    release = dispatcher.hold_operators(["shim_hold::held"])
+    library._destroy()  # the definition goes; the held entry stays, with no schema
+    assert "shim_hold::held" in dispatcher.all_op_names()
+    assert dispatcher.find_schema("shim_hold::held", "") is None
+    release()
+    assert "shim_hold::held" not in dispatcher.all_op_names()
+
+
 def test_call_argument_checks():
     x = torch.randn(2)
     schema = torch.ops.aten.mul.Scalar._schema

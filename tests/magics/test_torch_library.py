@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,10 +15,12 @@ from IPython.utils.capture import capture_output
 from opmagic import active_session
 from opmagic._torch import dispatcher
 from opmagic.errors import BuildOptionError, CompileError, RegistrationError
+from opmagic.magics import WARM_UPS
 from opmagic.magics.torch_library import TorchLibraryMagics, cell_identity
-from opmagic.native import LoadedLibrary
+from opmagic.native import LoadedLibrary, compile_library, precompile_headers
+from opmagic.native.headers import precompile_headers_in_background
 
-from ..native.sources import op_source, reload_variant
+from ..native.sources import op_source, reload_variant, stable_op_source
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +115,7 @@ def test_in_a_notebook_progress_updates_in_place_and_errors_show_the_cell_line(
     assert any(t.startswith("opmagic: libmg_notebook.so: compiling") for t in texts)
     html = captured.outputs[-1].data["text/html"]  # the progress output, replaced by the error
     assert "<details>" in html and "return-statement with no value" in html
+    assert "CompileError" not in captured.stdout  # shown once: no traceback after it
 
 
 def test_a_registration_error_names_the_cell_line_and_keeps_the_previous_version(shell, magics):
@@ -168,13 +173,56 @@ def test_bad_options_are_refused_with_the_magic_named(shell, magics):
     assert isinstance(result.error_in_exec, UsageError)
 
 
+def test_a_stable_abi_cell_reruns_like_a_classic_one(shell, magics):
+    result = run(shell, "", stable_op_source("mg_stable"), cell_id="mg-stable")
+    assert result.success, result.error_in_exec
+    library = result.result
+    assert f"mg_stable::fill(Tensor x) -> Tensor  {library.label}, line 8" in str(library)
+    assert re.search(rf"CPU +mg_stable::fill +{re.escape(library.label)}, line 11", str(library))
+    edited = run(
+        shell, "", stable_op_source("mg_stable").replace("2.0", "3.0"), cell_id="mg-stable"
+    )
+    assert edited.success, edited.error_in_exec
+    assert library.closed and tracked_libraries() == [edited.result]
+    assert shell.run_cell("torch.ops.mg_stable.fill(torch.ones(1)).item()").result == 3.0
+    broken = run(
+        shell, "", stable_op_source("mg_stable").replace("2.0);", "2.0)"), cell_id="mg-stable"
+    )
+    assert isinstance(broken.error_in_exec, CompileError)
+    assert shell.run_cell("torch.ops.mg_stable.fill(torch.ones(1)).item()").result == 3.0
+
+
 def test_unload_unregisters_every_library_the_cells_loaded(shell):
     assert run(shell, "", op_source("mg_close"), cell_id="mg-close").success
     assert run(shell, "", op_source("mg_close2")).success
+    assert run(shell, "", stable_op_source("mg_close3")).success
     assert dispatcher.find_schema("mg_close::scale", "") is not None
     shell.run_line_magic("unload_ext", "opmagic")
     try:
         assert dispatcher.find_schema("mg_close::scale", "") is None
         assert dispatcher.find_schema("mg_close2::scale", "") is None
+        assert not any(n.startswith("mg_close3::") for n in dispatcher.all_op_names())
     finally:
         shell.run_line_magic("load_ext", "opmagic")
+
+
+@pytest.mark.slow
+def test_load_ext_starts_precompiling_the_headers_of_the_first_cells(tmp_path, monkeypatch):
+    """The warm-up ``%load_ext opmagic`` runs: on an empty cache it starts precompiling the
+    stable and core sets in a background process and returns; a stable-ABI build after that
+    process is done uses its header."""
+    assert ("opmagic.native.headers", "precompile_headers_in_background") in WARM_UPS
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    precompile_headers_in_background()
+    markers = list(tmp_path.glob("**/prefix/*/precompiling.pid"))
+    assert len(markers) == 2  # started, not done
+    # on CPU time nothing else wants: it never slows the cell the user waits for
+    assert os.sched_getscheduler(int(markers[0].read_text())) == os.SCHED_IDLE
+    assert not list(tmp_path.glob("**/prefix/*/prefix.h.gch"))
+    precompile_headers()  # waits for that process
+    assert len(list(tmp_path.glob("**/prefix/*/prefix.h.gch"))) == 2
+    library = compile_library(stable_op_source("tl_warm"), progress=None)
+    try:
+        assert library.build.precompiled and library.build.headers_seconds == 0
+    finally:
+        library.close()

@@ -66,3 +66,36 @@ def reload_variant(namespace: str, version: int) -> tuple[str, str, float]:
         )
     source = op_source(namespace, schema=schema, kernel=kernel, op="step", extra=extra)
     return source, f"{namespace}::{schema}", value
+
+
+# the stable ABI's headers, as PyTorch's custom C++ operator tutorial includes them
+STABLE_INCLUDES = (
+    "#include <torch/csrc/stable/library.h>\n"
+    "#include <torch/csrc/stable/ops.h>\n"
+    "#include <torch/csrc/stable/tensor.h>\n"
+)
+
+
+def stable_op_source(
+    namespace: str,
+    *,
+    schema: str = "fill(Tensor x) -> Tensor",
+    kernel: str = (
+        "torch::stable::Tensor fill(const torch::stable::Tensor& x) {\n"
+        "  return torch::stable::fill_(torch::stable::empty_like(x), 2.0);\n"
+        "}"
+    ),
+    op: str = "fill",
+) -> str:
+    """A stable-ABI library defining one operator with a CPU kernel (for a three-line kernel,
+    line 7: STABLE_TORCH_LIBRARY, line 10: STABLE_TORCH_LIBRARY_IMPL)."""
+    return (
+        f"{STABLE_INCLUDES}"
+        f"{kernel}\n"  # line 4
+        f"STABLE_TORCH_LIBRARY({namespace}, m) {{\n"
+        f'  m.def("{schema}");\n'
+        "}\n"
+        f"STABLE_TORCH_LIBRARY_IMPL({namespace}, CPU, m) {{\n"
+        f'  m.impl("{op}", TORCH_BOX(&{op}));\n'
+        "}\n"
+    )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from opmagic.errors import CacheDirectoryError
-from opmagic.native import compile_library
+from opmagic.native import compile_library, precompile_headers
 from opmagic.native.cache import BuildCache, artifact_problem, artifact_record
 
 from .sources import op_source
@@ -26,10 +26,14 @@ _CHILD = textwrap.dedent(
     import json, sys, torch
     from opmagic import compile_library
     from opmagic.errors import OpmagicError
+    from opmagic.native import precompile_headers
     from opmagic.native.cache import cache_root
     source, keywords = sys.stdin.read(), json.loads(sys.argv[1])
+    then_precompile = keywords.pop("then_precompile", False)
     try:
         library = compile_library(source, progress=None, **keywords)
+        if then_precompile:  # wait for the background precompile, then precompile here
+            precompile_headers([source])
     except OpmagicError as error:
         failed = [str(p) for p in cache_root().rglob("failed.log")]  # precompiling disabled
         print(json.dumps({"error": type(error).__name__, "message": str(error), "failed": failed}))
@@ -115,7 +119,7 @@ def test_a_damaged_build_is_rebuilt_with_a_note(loaded, other_library, kind):
     report = _build_in_child(source)  # loading a damaged library could end the process
     assert report["value"] == 2.0 and not report["cached"]
     assert report["repaired"], report
-    assert "as the cache's copy was damaged" in report["summary"]
+    assert "found damaged in the cache" in report["summary"]
     loaded.append(compile_library(source, progress=None))
     assert loaded[-1].build.cached and not loaded[-1].build.repaired
 
@@ -236,8 +240,9 @@ def test_a_full_disk_is_named_and_disables_nothing(tmp_path):
     home = tmp_path / "small"
     home.mkdir()
     env = {"XDG_CACHE_HOME": str(home), "TMPDIR": str(home)}
-    # 20 MB: the cache's directories fit, a precompiled header (about 300 MB) does not
-    full = _build_in_child(op_source("cf_full"), _full_disk("20m", home), env)
+    # 20 MB: the library fits, a precompiled header (about 300 MB) does not: neither the
+    # background precompile the build starts nor the one precompile_headers then runs
+    full = _build_in_child(op_source("cf_full"), _full_disk("20m", home), env, then_precompile=True)
     assert full["error"] == "CacheFullError", full
     assert "No space left on device" in full["message"]
     assert "precompiling the core torch headers" in full["message"]
@@ -255,13 +260,20 @@ def test_a_damaged_precompiled_header_is_rebuilt_and_force_rebuilds_a_forged_one
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # precompiled headers of its own
+    precompile_headers([op_source("cf_pch_first")])
     libraries = [compile_library(op_source("cf_pch_first"), progress=None)]
+    assert libraries[0].build.precompiled
     (precompiled,) = tmp_path.glob("opmagic/v1/prefix/*/prefix.h.gch")
     try:
         precompiled.write_bytes(precompiled.read_bytes()[:1000])  # GCC: "cannot read PCH file"
         libraries.append(compile_library(op_source("cf_pch_truncated"), progress=None))
-        assert "precompiled core headers rebuilt" in libraries[-1].build.repaired
-        assert libraries[-1].build.precompiled
+        build = libraries[-1].build  # built without it (removed), rebuilt in the background
+        assert "precompiled core headers damaged" in build.repaired, build.repaired
+        assert "rebuilding in the background" in build.repaired
+        assert not build.precompiled
+        precompile_headers([op_source("cf_pch_first")])  # waits for that rebuild
+        libraries.append(compile_library(op_source("cf_pch_after"), progress=None))
+        assert libraries[-1].build.precompiled and not libraries[-1].build.repaired
 
         _flip_bytes(precompiled)  # GCC crashes on it; the record is forged to match its stat
         record_file = precompiled.with_name("precompiled.json")
@@ -274,7 +286,7 @@ def test_a_damaged_precompiled_header_is_rebuilt_and_force_rebuilds_a_forged_one
         record_file.write_text(json.dumps(record))
         libraries.append(compile_library(op_source("cf_pch_forged"), force=True, progress=None))
         assert "SHA-256 differs" in libraries[-1].build.repaired
-        assert libraries[-1].build.precompiled
+        assert not libraries[-1].build.precompiled  # GCC never read the forged one
     finally:
         for library in libraries:
             library.close()

@@ -14,7 +14,7 @@ from opmagic.native.blocks import scan_blocks
 from .sources import op_source
 
 
-def test_a_library_registers_its_ops_and_reports_what_it_added(loaded):
+def test_a_library_registers_its_ops_and_reports_what_it_added(loaded, core_precompiled):
     library = compile_library(op_source("cl_basic"), progress=None)
     loaded.append(library)
 

@@ -42,10 +42,40 @@ def test_a_compile_error_points_at_the_line_and_keeps_the_previous_version(loade
     )
     assert error.diagnostics[0].user_line == 8 and error.diagnostics[0].in_source
     assert "-c err_compile.cpp" in error.command and "error:" in error.log
+    # the log numbers the source's lines as the message does: the cell's
+    assert "err_compile.cpp:9:" in error.log and "err_compile.cpp:8:" not in error.log
+    assert re.search(r"^\s+9 \| at::Tensor scale", error.log, re.M)
     html = error._repr_html_()
     assert "<details>" in html and "#ffebee" in html  # highlighted line, collapsed log
     assert error._render_traceback_() == [f"CompileError: {message}"]
+    error.displayed = True  # a notebook showed the formatted error: no second traceback
+    assert error._render_traceback_() == []
     assert not good.closed and torch.ops.err_compile.scale(torch.ones(1)).item() == 2.0
+
+
+def test_every_error_is_shown_at_its_line_with_the_caret_under_its_column(loaded):
+    source = op_source(
+        "err_many",
+        kernel="at::Tensor scale(const at::Tensor& x) {\n"  # line 8
+        "\tauto y = x.mul(missing_one);\n"  # line 9, indented by a tab
+        "  return y.add(missing_two);\n"  # line 10
+        "}",
+    )
+    with pytest.raises(CompileError) as caught:
+        compile_library(source, label="cell [3]", first_line=2, progress=None)
+    message = str(caught.value)
+    assert message.startswith("liberr_many.so: compile error at cell [3], line 10:")
+    assert "'missing_one' was not declared in this scope" in message
+    assert "and at cell [3], line 11:\n  'missing_two' was not declared" in message
+    lines = message.splitlines()
+    code = next(i for i, line in enumerate(lines) if "auto y = x.mul(missing_one)" in line)
+    # the tab is expanded, so the caret sits under the column GCC names
+    assert lines[code + 1].index("^") == lines[code].index("missing_one")
+    assert "2 errors; the full compiler output is in CompileError.log." in message
+    shown = caught.value._repr_html_().split("<details>")[0]  # above the folded log
+    assert "liberr_many.so: 2 errors" in shown and shown.count("was not declared") == 2
+    assert "cell [3], line 10:" in shown and "cell [3], line 11:" in shown
+    assert "<table" not in shown  # pre-formatted excerpts: left-aligned in every front end
 
 
 def test_an_error_inside_torch_headers_points_at_the_user_line_that_caused_it(loaded):
@@ -77,7 +107,9 @@ def test_an_unknown_dispatch_key_is_named_with_close_matches(loaded):
         ),
         pytest.param(
             {"extra_ldflags": ["-lno_such_library"]},
-            r"link error:\n  \S*ld\S*: (error: )?cannot find -lno_such_library",  # bfd or gold
+            # bfd, gold, lld or mold
+            r"link error:\n  \S*(ld|mold)\S*: (error: |fatal: )?"
+            r"(cannot find -l|unable to find library -l|library not found: )no_such_library",
             id="linker-flag",
         ),
     ],

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from opmagic.native import BuildProgress, compile_library
+from opmagic.native import BuildProgress, compile_library, precompile_headers
 from opmagic.native.toolchain import find_toolchain
 
-from .sources import op_source
+from .sources import op_source, stable_op_source
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,7 +83,7 @@ def test_verbose_prints_the_commands_and_force_rebuilds(loaded, capsys):
     assert "-shared" in err  # the link command
 
 
-def test_options_reach_the_compiler(loaded, tmp_path):
+def test_options_reach_the_compiler(loaded, core_precompiled, tmp_path):
     include = tmp_path / "include"
     include.mkdir()
     (include / "factor.h").write_text("constexpr int kFactor = 7;\n")
@@ -137,7 +137,7 @@ def test_a_gcc_without_a_shared_libstdcxx_links_the_process_one(loaded, tmp_path
     cxx.chmod(0o755)
     monkeypatch.setenv("CXX", str(cxx))
     toolchain = find_toolchain()
-    assert os.path.basename(toolchain.libstdcxx).startswith("libstdc++.so") and not toolchain.gold
+    assert os.path.basename(toolchain.libstdcxx).startswith("libstdc++.so") and not toolchain.linker
     library = compile_library(op_source("cl_nostdcxx"), precompiled_headers=False, progress=None)
     loaded.append(library)
     assert torch.ops.cl_nostdcxx.scale(torch.ones(1)).item() == 2.0
@@ -148,20 +148,41 @@ def test_a_gcc_without_a_shared_libstdcxx_links_the_process_one(loaded, tmp_path
 
 
 @pytest.mark.slow
-def test_a_macro_that_changes_torch_headers_gets_its_own_precompiled_header(loaded):
+def test_a_macro_that_changes_torch_headers_gets_its_own_precompiled_header(
+    loaded, core_precompiled
+):
     """GCC refuses a precompiled header built without a -D that the headers test (NDEBUG);
-    the build still works, and the next one precompiles the headers with the flag."""
+    the build still works, and the next one precompiles the headers with the flag (in the
+    background: here, waited for)."""
     source = op_source("cl_ndebug")
     first = compile_library(source, extra_cflags=["-DNDEBUG"], progress=None)
     loaded.append(first)
     assert not first.build.precompiled
     assert "`NDEBUG' is defined" in first.build.note and "next build" in first.build.note
+    precompile_headers([source], extra_cflags=["-DNDEBUG"])
     second = compile_library(
         source, extra_cflags=["-DNDEBUG"], force=True, replace=first, progress=None
     )
     loaded.append(second)
-    assert second.build.precompiled and second.build.headers_seconds > 0
+    assert second.build.precompiled
     assert torch.ops.cl_ndebug.scale(torch.ones(1)).item() == 2.0
+
+
+@pytest.mark.slow
+def test_a_missing_precompiled_header_is_built_in_the_background_not_waited_for(loaded):
+    """The first build of a header set parses the headers itself while a background process
+    precompiles them; a build after that process is done uses them."""
+    source = op_source("cl_background", extra="// a flag of its own: a prefix of its own\n")
+    first = compile_library(source, extra_cflags=["-fno-plt"], progress=None)
+    loaded.append(first)
+    assert not first.build.precompiled
+    assert "being precompiled in the background" in first.build.note
+    precompile_headers([source], extra_cflags=["-fno-plt"])  # waits for that process
+    second = compile_library(
+        source, extra_cflags=["-fno-plt"], force=True, replace=first, progress=None
+    )
+    loaded.append(second)
+    assert second.build.precompiled and second.build.headers_seconds == 0
 
 
 def test_without_precompiled_headers(loaded):
@@ -174,8 +195,9 @@ def test_without_precompiled_headers(loaded):
     assert torch.ops.cl_nopch.scale(torch.ones(1)).item() == 2.0
 
 
-def test_ccache_is_used_when_installed(loaded, tmp_path, monkeypatch):
-    """With ccache on PATH, compiles run through it with CCACHE_BASEDIR at the cache."""
+def test_ccache_is_used_when_cxx_names_it(loaded, tmp_path, monkeypatch):
+    """With CXX="ccache g++", compiles run through it with CCACHE_BASEDIR at the cache
+    (installed but not named, it is not used: a miss costs more than it saves)."""
     log = tmp_path / "ccache.log"
     fake = tmp_path / "bin" / "ccache"
     fake.parent.mkdir()
@@ -184,6 +206,8 @@ def test_ccache_is_used_when_installed(loaded, tmp_path, monkeypatch):
     )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    assert find_toolchain().ccache is None
+    monkeypatch.setenv("CXX", f"{fake} g++")
     library = compile_library(op_source("cl_ccache"), force=True, progress=None)
     loaded.append(library)
     basedir, sloppiness, command = log.read_text().strip().split("|")
@@ -191,3 +215,31 @@ def test_ccache_is_used_when_installed(loaded, tmp_path, monkeypatch):
     assert "pch_defines" in sloppiness and "time_macros" in sloppiness
     assert "-c cl_ccache.cpp" in command
     assert library.build.commands[0].startswith(str(fake))
+
+
+@pytest.mark.slow
+def test_a_first_build_starts_the_background_precompile_after_its_compile(
+    loaded, tmp_path, monkeypatch
+):
+    """Beside the compile, the precompile slowed it (in wall time) on a 2-core machine: the
+    compiler sees no precompiling process; once the build is done, one is at work (or done)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    seen = tmp_path / "seen.log"
+    launcher = tmp_path / "bin" / "launcher"  # $CXX's launcher, as ccache is
+    launcher.parent.mkdir()
+    launcher.write_text(  # at the source's compile: which precompiles are at work
+        f'#!/bin/sh\ncase "$*" in *"-c cl_after.cpp"*)\n'
+        f"  ls {cache}/opmagic/*/prefix/*/precompiling.pid >> {seen} 2>/dev/null\n"
+        f"  echo compiling >> {seen};;\nesac\n"
+        'exec "$@"\n'
+    )
+    launcher.chmod(0o755)
+    monkeypatch.setenv("CXX", f"{launcher} g++")
+    source = stable_op_source("cl_after")
+    library = compile_library(source, progress=None)
+    loaded.append(library)
+    assert seen.read_text().splitlines() == ["compiling"]  # no precompile beside it
+    assert list(cache.glob("**/prefix/*/precompiling.pid")) or list(cache.glob("**/*.gch"))
+    precompile_headers([source])  # waits for it
+    assert len(list(cache.glob("**/prefix/*/prefix.h.gch"))) == 1

@@ -24,7 +24,7 @@ from typing import Any
 from ...display import Displayable
 from ...errors import BuildOptionError, CompileError, CudaToolkitError
 from ..cache import digest
-from ..diagnostics import failure_text, parse_diagnostics, where
+from ..diagnostics import failure_text, parse_diagnostics, renumber_log, where
 from ..options import check_source_position, include_paths, split_flags
 from .launcher import CudaKernel, check_signature
 from .source import KernelSignature, kernel_signatures
@@ -275,7 +275,7 @@ def _compile(
 def _compile_error(
     source: str, log: str, options: tuple[str, ...], label: str, first_line: int, result: Any
 ) -> CompileError:
-    """NVRTC's first error at its source line (a missing CUDA header says what to install)."""
+    """NVRTC's errors at their source lines (a missing CUDA header says what to install)."""
     diagnostics = parse_diagnostics(log, _SOURCE_NAME)
     message = failure_text("NVRTC", diagnostics, source, label, first_line)
     if not diagnostics:
@@ -285,7 +285,7 @@ def _compile_error(
     return CompileError(
         message,
         diagnostics=diagnostics,
-        log=log,
+        log=renumber_log(log, _SOURCE_NAME, first_line),
         command="nvrtcCompileProgram " + " ".join(options),
         source=source,
         label=label,
