@@ -485,7 +485,7 @@ def _run(
         exec(code, namespace)
     except CellSourceError:
         raise
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # sys.exit() in a cell ends the cell, not the kernel
         raise _cell_error(error, filename, qualname) from error
     finally:
         for name in injected:

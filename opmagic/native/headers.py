@@ -277,8 +277,9 @@ def prepare_prefix(
         seconds = job.run_now(cache, stopwatch, header_set.name)
         if job.done():
             repaired = f"{repaired}: rebuilt" if repaired else ""
-            return Prefix(header, header_set, True, seconds, macros_file=macros_file,
-                          repaired=repaired)
+            return Prefix(
+                header, header_set, True, seconds, macros_file=macros_file, repaired=repaired
+            )
         note = (
             f"precompiling failed: {job.failed}"
             if job.failed.is_file()

@@ -230,6 +230,12 @@ BAD_INPUT = [
         4,
         CellSourceError,
     ),
+    (  # sys.exit() in a cell ends the cell (as in any IPython cell), not the process
+        "%%custom_op t_bad::op\ndef op(x: Tensor) -> Tensor:\n    return x\nraise SystemExit(3)\n",
+        "SystemExit",
+        4,
+        CellSourceError,
+    ),
     (
         "%%custom_op t_bad::op\ndef op(x: Tensor) -> Tensor:\n    return x\n"
         "@setup_context\ndef _(ctx, inputs, output):\n    pass\n",

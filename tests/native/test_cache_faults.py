@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -271,7 +272,12 @@ def test_a_damaged_precompiled_header_is_rebuilt_and_force_rebuilds_a_forged_one
         assert "precompiled core headers damaged" in build.repaired, build.repaired
         assert "rebuilding in the background" in build.repaired
         assert not build.precompiled
-        precompile_headers([op_source("cf_pch_first")])  # waits for that rebuild
+        marker = precompiled.with_name("precompiling.pid")
+        while marker.exists():  # the background rebuild
+            time.sleep(0.2)
+        record = json.loads(precompiled.with_name("precompiled.json").read_text())
+        assert artifact_problem(precompiled, record, rehash=True) is None  # its record is true
+        precompile_headers([op_source("cf_pch_first")])  # nothing left to do
         libraries.append(compile_library(op_source("cf_pch_after"), progress=None))
         assert libraries[-1].build.precompiled and not libraries[-1].build.repaired
 
