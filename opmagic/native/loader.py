@@ -92,6 +92,12 @@ _MAPPED: list[NativeLibrary] = []  # every library ever loaded: never unmapped
 _OPENED_NAMES: set[str] = set()  # every name a library was opened under in this process
 
 
+def opened_names() -> frozenset[str]:
+    """Every name a library was opened under in this process so far (a later load's name is
+    none of them: a crash handler tells the newest library's frames apart by it)."""
+    return frozenset(_OPENED_NAMES)
+
+
 def _fresh_name(fd: int) -> str:
     """A path to the open file ``fd`` that no library was opened under before.
 

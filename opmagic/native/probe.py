@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .._torch import dispatcher
 from ..errors import LoadError
-from .loader import NativeLibrary
+from .loader import NativeLibrary, opened_names
 from .registration import Registration, SourceSite
 from .snapshots import OperatorState, snapshot
 from .tokens import tokenize
@@ -81,7 +81,7 @@ def probe(path: Path, site: SourceSite, previous: Registration | None, source: s
     if record.is_file():
         return
     trial = _Trial(path, site, previous, source)
-    messages, status, output = _in_child(functools.partial(_try, trial), path.name)
+    messages, status, output = _in_child(functools.partial(_try, trial))
     if messages and messages[-1].get("done"):
         if not messages[-1].get("static"):
             with contextlib.suppress(OSError):  # a read-only cache: probe again next time
@@ -163,8 +163,13 @@ _SA_SIGINFO = 4
 _KEPT: list = []  # the child's signal handler must outlive the call that installs it
 
 
-def _catch_crashes(write_fd: int, library_name: str) -> None:
-    """In the child: on a crash signal, send the stack's offsets into the library, then exit."""
+def _catch_crashes(write_fd: int, earlier_names: frozenset[str]) -> None:
+    """In the child: on a crash signal, send the stack's offsets into the library, then exit.
+
+    The library's frames are those of the one object opened under a name no load before the
+    fork used (``earlier_names``): every load gets a name of its own, and its descriptor is
+    closed once it is mapped, so the name is all that tells the new build from older ones.
+    """
     libc = ctypes.CDLL(None)
     libc.backtrace.argtypes = (ctypes.c_void_p, ctypes.c_int)
     libc.dladdr.argtypes = (ctypes.c_void_p, ctypes.POINTER(_DlInfo))
@@ -172,22 +177,14 @@ def _catch_crashes(write_fd: int, library_name: str) -> None:
     def on_crash(signum: int, info: int, context: int) -> None:
         frames = (ctypes.c_void_p * 64)()
         count = libc.backtrace(frames, 64)
-        found: list[tuple[int, int]] = []  # (memfd number, offset)
+        offsets = []  # into the new library, innermost first
         for address in frames[:count]:
             described = _DlInfo()
             if not address or not libc.dladdr(address, ctypes.byref(described)):
                 continue
             name = (described.fname or b"").decode(errors="replace")
-            if not name.startswith("/proc/self/fd/"):
-                continue
-            try:
-                mapped = os.readlink(name)
-            except OSError:
-                continue
-            if library_name in mapped:
-                found.append((int(name.rsplit("/", 1)[1]), address - described.fbase))
-        newest = max((fd for fd, _ in found), default=None)
-        offsets = [offset for fd, offset in found if fd == newest]
+            if name.startswith("/proc/") and name not in earlier_names:
+                offsets.append(address - described.fbase)
         _send(write_fd, {"crash": signum, "offsets": offsets})
         os._exit(_CRASHED)
 
@@ -209,7 +206,7 @@ def _send(fd: int, message: dict) -> None:
 
 
 def _in_child(
-    work: Callable[[Callable[[dict], None]], None], library_name: str
+    work: Callable[[Callable[[dict], None]], None]
 ) -> tuple[list[dict], int, str]:
     """Run ``work(report)`` in a forked child: its reports, exit status and output."""
     read_fd, write_fd = os.pipe()
@@ -223,7 +220,7 @@ def _in_child(
                 os.close(read_fd)
                 os.dup2(output.fileno(), 1)
                 os.dup2(output.fileno(), 2)
-                _catch_crashes(write_fd, library_name)
+                _catch_crashes(write_fd, opened_names())
                 work(lambda message: _send(write_fd, message))
             except BaseException as error:  # anything: the parent reports it
                 with contextlib.suppress(BaseException):
