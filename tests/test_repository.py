@@ -32,3 +32,25 @@ def test_readme_documents_every_cli_command():
     readme = (ROOT / "README.md").read_text()
     for command in ("table", "resolve", "kernels"):
         assert f"python -m opmagic {command}" in readme
+
+
+def test_every_file_the_package_reads_is_package_data():
+    """A non-Python file inside the package (a header, C++ source) ships with it: a wheel
+    without it would fail at the first build or trace."""
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]
+    shipped = {
+        f"{package.replace('.', '/')}/{name}"
+        for package, names in declared.items()
+        for name in names
+    }
+    package = ROOT / "opmagic"
+    files = {
+        path.relative_to(ROOT).as_posix()
+        for path in package.rglob("*")
+        if path.is_file() and path.suffix not in {".py", ".pyc"}
+    }
+    assert files <= shipped, sorted(files - shipped)
