@@ -21,21 +21,13 @@ from typing import Any
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.testing._internal.two_tensor import TwoTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from opmagic import dispatch_table, trace
 from opmagic.dispatch.ops import op_ref
 
+from .ground_truth import CONTEXTS as RESOLVE_CONTEXTS
+from .ground_truth import Context
 from .probes import ProbeOp, make_probe_op, served_by_probe
-
-
-class PassThroughMode(TorchDispatchMode):
-    """A user's TorchDispatchMode: it calls the op again, as logging modes do."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
 
 
 class SharedLog:
@@ -91,44 +83,29 @@ INPUTS: dict[str, Callable[[], tuple]] = {
 }
 
 # ---------------------------------------------------------------- contexts
-# A context runs ``body(*inputs)`` under some thread-local state.
-
-Context = Callable[[Callable, tuple], Any]
-
-
-def _under(manager_factory: Callable[[], Any]) -> Context:
-    def run(body, inputs):
-        with manager_factory():
-            return body(*inputs)
-
-    return run
-
-
-def _fake(body, inputs):
-    with FakeTensorMode() as mode:
-        return body(*[mode.from_tensor(t) for t in inputs])
+# The resolve harness's contexts (ground_truth.py), "grad" being its plain call with grad
+# mode on; vmap with a batch of two, so that a per-example fallback loop shows twice.
 
 
 def _vmap(body, inputs):
     return torch.vmap(body)(*[torch.stack([t, t]) for t in inputs])
 
 
-def _subclass(body, inputs):
-    return body(*[TwoTensor(t, t.clone()) for t in inputs])
-
-
 CONTEXTS: dict[str, Context] = {
-    "grad": lambda body, inputs: body(*inputs),
-    "no_grad": _under(torch.no_grad),
-    "inference_mode": _under(torch.inference_mode),
-    "autocast": _under(lambda: torch.autocast("cpu")),
-    "dispatch_mode": _under(PassThroughMode),
-    "two_dispatch_modes": lambda body, inputs: _under(PassThroughMode)(
-        lambda *a: _under(PassThroughMode)(body, a), inputs
-    ),
-    "subclass": _subclass,
+    "grad": RESOLVE_CONTEXTS["plain"],
+    **{
+        name: RESOLVE_CONTEXTS[name]
+        for name in (
+            "no_grad",
+            "inference_mode",
+            "autocast",
+            "dispatch_mode",
+            "two_dispatch_modes",
+            "subclass",
+        )
+    },
     "vmap": _vmap,
-    "FakeTensorMode": _fake,
+    "FakeTensorMode": RESOLVE_CONTEXTS["FakeTensorMode"],
 }
 
 
