@@ -228,33 +228,14 @@ class Explorer:
 
     @_guarded
     def _on_trace(self, _button: Any) -> None:
-        """Run the call on the sample inputs in the contexts and show every operator it made."""
-        self.trace_view.value = "tracing…"
-        try:
-            traced = self.model.trace()
-        except OpmagicError as exc:
-            self.trace_view.value = _error_html(str(exc))
-            return
-        self.trace_view.value = traced._repr_html_()  # the op's own error is shown in it
+        """Run the call on the sample inputs in the contexts and show every operator it made
+        (the op's own error is shown in the trace)."""
+        _fill(self.trace_view, "tracing…", self.model.trace, lambda traced: traced._repr_html_())
 
     @_guarded
     def _on_opcheck(self, _button: Any) -> None:
         """Run opcheck on the sample inputs and show each test's result."""
-        self.opcheck_view.value = "running opcheck…"
-        try:
-            results = self.model.opcheck()
-        except OpmagicError as exc:
-            self.opcheck_view.value = _error_html(str(exc))
-            return
-        except Exception as exc:  # the op's own code ran and failed: that is the answer
-            self.opcheck_view.value = _error_html(f"{type(exc).__name__}: {exc}")
-            return
-        rows = "".join(
-            f"<tr><td>{escape(test)}</td><td style='color:"
-            f"{'#2e7d32' if result == 'SUCCESS' else '#c62828'}'>{escape(result)}</td></tr>"
-            for test, result in results.items()
-        )
-        self.opcheck_view.value = f"<table>{rows}</table>"
+        _fill(self.opcheck_view, "running opcheck…", self.model.opcheck, _opcheck_html)
 
     # ------------------------------------------------------------------ drawing
 
@@ -348,6 +329,34 @@ def _classed(widget: widgets.Widget, name: str) -> widgets.Widget:
 def _fitting(svg: str) -> str:
     """An SVG that shrinks to its pane's width (never wider than drawn), keeping its shape."""
     return svg.replace("<svg ", '<svg style="max-width:100%;height:auto" ', 1)
+
+
+def _fill(
+    view: widgets.HTML, busy: str, compute: Callable[[], Any], render: Callable[[Any], str]
+) -> None:
+    """Show ``busy`` in a tab's ``view`` while ``compute()`` runs, then its result as
+    ``render`` draws it, or why there is none: opmagic's refusal, or the op's own error (the
+    op's code ran and failed: that is the answer)."""
+    view.value = busy
+    try:
+        result = compute()
+    except OpmagicError as exc:
+        view.value = _error_html(str(exc))
+        return
+    except Exception as exc:
+        view.value = _error_html(f"{type(exc).__name__}: {exc}")
+        return
+    view.value = render(result)
+
+
+def _opcheck_html(results: dict[str, str]) -> str:
+    """opcheck's tests, each with its result (green on success)."""
+    rows = "".join(
+        f"<tr><td>{escape(test)}</td><td style='color:"
+        f"{'#2e7d32' if result == 'SUCCESS' else '#c62828'}'>{escape(result)}</td></tr>"
+        for test, result in results.items()
+    )
+    return f"<table>{rows}</table>"
 
 
 def _error_html(text: str) -> str:
