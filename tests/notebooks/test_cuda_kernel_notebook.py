@@ -6,23 +6,14 @@ import pytest
 
 from opmagic.native.cuda.toolkit import gpu_unavailable_reason
 
+from .outputs import cell_text
+
 pytest.importorskip("cuda.bindings.nvrtc", reason='needs pip install "opmagic[cuda]"')
-
-
-def _text(outputs: list) -> str:
-    """The text a cell printed or returned."""
-    parts = []
-    for output in outputs:
-        if output.output_type == "stream":
-            parts.append(output.text)
-        elif "text/plain" in output.get("data", {}):
-            parts.append(output.data["text/plain"])
-    return "\n".join(parts)
 
 
 def test_the_notebook_registers_traces_and_skips_gpu_cells_without_a_gpu(run_notebook):
     notebook = run_notebook("cuda_kernel")
-    texts = [_text(cell.outputs) for cell in notebook.cells if cell.cell_type == "code"]
+    texts = [cell_text(cell) for cell in notebook.cells if cell.cell_type == "code"]
     assert any("vadd[grid, block](a, b, out, n)" in t for t in texts)
     assert any(t.startswith("kernel at cell [") for t in texts)  # the CUDA entry of the table
     assert any("('AutogradCPU',) -> no kernel for CPU" in t for t in texts)

@@ -7,17 +7,7 @@ import re
 import nbformat
 import pytest
 
-
-
-def _text(cell: nbformat.NotebookNode) -> str:
-    """The streams and plain-text outputs of a cell, joined."""
-    parts = []
-    for output in cell.outputs:
-        if output.output_type == "stream":
-            parts.append(output.text)
-        elif "data" in output:
-            parts.append(output.data.get("text/plain", ""))
-    return "\n".join(parts)
+from .outputs import cell_text
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +18,7 @@ def executed(run_notebook) -> list[nbformat.NotebookNode]:
 
 @pytest.mark.slow
 def test_the_dispatch_path_changes_with_each_step(executed):
-    by_start = {cell.source.splitlines()[0]: _text(cell) for cell in executed}
+    by_start = {cell.source.splitlines()[0]: cell_text(cell) for cell in executed}
     assert "path: AutogradCPU -> CPU" in by_start["x, y = torch.randn(3), torch.randn(3)"]
     autograd = by_start["a = torch.randn(3, requires_grad=True)"]
     assert "('AutogradCPU', 'CPU')" in autograd and "tensor([1., 0., 0.])" in autograd
@@ -41,10 +31,10 @@ def test_the_dispatch_path_changes_with_each_step(executed):
 
 @pytest.mark.slow
 def test_each_library_cell_shows_what_it_registered_at_cell_lines(executed):
-    libraries = [_text(c) for c in executed if c.source.startswith("%%torch_library")]
+    libraries = [cell_text(c) for c in executed if c.source.startswith("%%torch_library")]
     assert "myops::myadd(Tensor self, Tensor other) -> Tensor  cell [2], line 7" in libraries[0]
     assert "Autograd [alias]" in libraries[1] and "AutocastCPU" in libraries[2]
-    registrations = _text(executed[-1]).split("registrations as made", 1)[1]
+    registrations = cell_text(executed[-1]).split("registrations as made", 1)[1]
     for key, site in [
         ("CPU", "cell [2], line 27"),
         ("CUDA", "cell [2], line 36"),

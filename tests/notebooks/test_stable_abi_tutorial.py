@@ -10,16 +10,7 @@ import re
 import nbformat
 import pytest
 
-
-def _text(cell: nbformat.NotebookNode) -> str:
-    """The streams and plain-text outputs of a cell, joined."""
-    parts = []
-    for output in cell.outputs:
-        if output.output_type == "stream":
-            parts.append(output.text)
-        elif "data" in output:
-            parts.append(output.data.get("text/plain", ""))
-    return "\n".join(parts)
+from .outputs import cell_text
 
 
 @pytest.fixture(scope="module")
@@ -41,19 +32,19 @@ def test_no_cell_fails(executed):
 def test_the_stable_cells_register_at_their_cell_lines(executed):
     first, edited, _classic = _library_cells(executed)
     number = first.execution_count
-    text = _text(first)
+    text = cell_text(first)
     assert "precompiled stable headers" in text or "no precompiled headers" in text
     # the location beside the schema, or below it where the text is narrow
     schema = re.escape("extension_cpp::mymuladd(Tensor a, Tensor b, float c) -> Tensor")
     assert re.search(rf"{schema}\s+cell \[{number}\], line 32", text)
     assert f"cell [{number}], line 38" in text  # the CPU kernel: its block's line
-    assert "extension_cpp::myadd_out(Tensor(a!) a" not in _text(edited)
-    assert "extension_cpp::myadd_out(Tensor a, Tensor b, Tensor(a!) out) -> ()" in _text(edited)
+    assert "extension_cpp::myadd_out(Tensor(a!) a" not in cell_text(edited)
+    assert "extension_cpp::myadd_out(Tensor a, Tensor b, Tensor(a!) out) -> ()" in cell_text(edited)
 
 
 @pytest.mark.slow
 def test_the_tests_of_the_tutorial_pass_on_both_tabs(executed):
-    runs = [_text(c) for c in executed if c.source.strip().endswith("test_mymuladd()")]
+    runs = [cell_text(c) for c in executed if c.source.strip().endswith("test_mymuladd()")]
     assert runs == ["'mymuladd, mymul and myadd_out pass'"] * 2
 
 
@@ -64,17 +55,17 @@ def test_a_failing_edit_shows_its_errors_once_and_keeps_the_previous_version(exe
     assert len(html) == 1 and "2 errors" in html[0]
     assert "&#x27;offset&#x27; was not declared" in html[0]
     assert "&#x27;reslt&#x27; was not declared" in html[0]
-    assert "tensor([" in _text(cell)  # mymul, from the version that compiled
+    assert "tensor([" in cell_text(cell)  # mymul, from the version that compiled
 
 
 @pytest.mark.slow
 def test_a_crashing_cell_is_refused_with_its_line_and_the_kernel_lives(executed):
     cell = next(c for c in executed if c.source.startswith("crashing = "))
-    text = _text(cell)
+    text = cell_text(cell)
     assert "crashed while registering its STABLE_TORCH_LIBRARY(crashing) block" in text
     assert "SIGSEGV" in text and "in name_length()" in text
 
 
 @pytest.mark.slow
 def test_unloading_removes_every_operator(executed):
-    assert "every operator of the notebook is gone" in _text(executed[-1])
+    assert "every operator of the notebook is gone" in cell_text(executed[-1])
