@@ -19,6 +19,7 @@ from opmagic.native import compile_library
 from opmagic.native.cache import BuildCache
 
 from .sources import op_source
+from .waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # builds `source` (stdin) in a child process once the file argv[2] exists (so that several
@@ -52,14 +53,6 @@ def _child(source: str, steps: Path, go: Path) -> subprocess.Popen:
     process.stdin.write(source)
     process.stdin.close()
     return process
-
-
-def _wait_for(predicate, timeout: float = 120.0) -> None:
-    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -138,7 +131,7 @@ def test_a_build_killed_mid_compile_leaves_nothing_that_blocks_the_next(build_ca
     steps, go = tmp_path / "steps", tmp_path / "go"
     go.touch()
     child = _child(source, steps, go)
-    _wait_for(lambda: steps.exists() and "compiling" in steps.read_text())
+    wait_for(lambda: steps.exists() and "compiling" in steps.read_text())
     child.send_signal(signal.SIGKILL)  # the compiler it started is orphaned, still running
     child.wait()
 
@@ -160,7 +153,7 @@ def test_two_processes_building_the_same_source_build_it_once(build_cache, tmp_p
     go = tmp_path / "go"
     steps = [tmp_path / f"steps{i}" for i in range(2)]
     children = [_child(source, path, go) for path in steps]
-    _wait_for(lambda: all(path.exists() and "ready" in path.read_text() for path in steps))
+    wait_for(lambda: all(path.exists() and "ready" in path.read_text() for path in steps))
     go.touch()  # both call compile_library now; the build takes seconds, so they overlap
     reports = [json.loads(child.stdout.read()) for child in children]
     assert all(child.wait() == 0 for child in children)

@@ -7,13 +7,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from .sources import op_source
+from .waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,14 +32,6 @@ def _processes_with(marker: str) -> list[str]:
         if marker in command and entry.name != str(os.getpid()):
             found.append(command)
     return found
-
-
-def _wait_for(predicate, timeout: float = 120.0) -> None:
-    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -66,8 +58,8 @@ def test_ctrl_c_during_a_compile_stops_cc1plus_too(build_cache):
     # torch/extension.h without precompiled headers: cc1plus runs for many seconds
     child.stdin.write("#include <torch/extension.h>\n" + op_source("cc_interrupted"))
     child.stdin.close()
-    _wait_for(lambda: any("cc1plus" in c for c in _processes_with(marker)))
+    wait_for(lambda: any("cc1plus" in c for c in _processes_with(marker)))
     child.send_signal(signal.SIGINT)  # what Ctrl-C (or a notebook's stop button) sends
     assert child.stdout.read().strip() == "interrupted"
     assert child.wait(timeout=60) == 0
-    _wait_for(lambda: not _processes_with(marker), timeout=10)
+    wait_for(lambda: not _processes_with(marker), timeout=10)
