@@ -13,6 +13,7 @@ from .cells.compare import CaseResult, Comparison, Mismatch, SweepProgress, comp
 from .cells.cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
 from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .cells.session import Session, SessionReport, active_session, registration_site
+from .cells.triton_op import TritonKernelRow, TritonOpResult, triton_op_from_source
 from .dispatch import (
     DispatchTable,
     KeyInfo,
@@ -50,6 +51,8 @@ from .errors import (
     OpmagicError,
     RegistrationError,
     ToolchainError,
+    TritonKernelError,
+    TritonNotInstalledError,
     UnknownDispatchKeyError,
     UnknownOperatorError,
 )
@@ -63,6 +66,7 @@ from .native import (
     compile_library,
     precompile_headers,
 )
+from .native.triton import TritonLaunch
 
 if TYPE_CHECKING:
     from .view.explorer.widgets import Explorer
@@ -137,6 +141,11 @@ __all__ = [
     "ToolchainError",
     "Trace",
     "TracedCall",
+    "TritonKernelError",
+    "TritonKernelRow",
+    "TritonLaunch",
+    "TritonNotInstalledError",
+    "TritonOpResult",
     "UnknownDispatchKeyError",
     "UnknownOperatorError",
     "active_session",
@@ -157,4 +166,5 @@ __all__ = [
     "resolve",
     "runtime_keys",
     "trace",
+    "triton_op_from_source",
 ]

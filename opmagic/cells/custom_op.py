@@ -213,10 +213,56 @@ def custom_op_from_source(
             f"custom_op_from_source: tags must be torch.Tag members, got {tags!r:.60}."
         )
     qualname = parse_operator_name(name)
-    if filename is None:  # a name of our own: tracebacks and messages read the source from here
-        filename = f"<custom_op {qualname}>"
-        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    if filename is None:
+        filename = source_file(f"<custom_op {qualname}>", source)
     namespace = {} if namespace is None else namespace
+
+    def make_op(function: Callable) -> Any:
+        """``torch.library.custom_op`` on the cell's function."""
+        return torch.library.custom_op(
+            qualname,
+            mutates_args=mutates_args,
+            device_types=device_types,
+            schema=schema,
+            tags=tuple(tags),
+        )(function)
+
+    op, function_name, notes = define_op_from_source(
+        source, qualname, filename, namespace, make_op, mutates_args=mutates_args, schema=schema
+    )
+    result = CustomOpResult(op, qualname, function_name, notes)
+    if check is not None:
+        result.checks = _run_check(op, check, namespace, filename)
+    return result
+
+
+def source_file(name: str, source: str) -> str:
+    """Put ``source`` in the line cache under ``name`` (tracebacks and messages read it there)
+    and return ``name``: the file name of a source that has none of its own."""
+    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
+    return name
+
+
+def define_op_from_source(
+    source: str,
+    qualname: str,
+    filename: str,
+    namespace: dict[str, Any],
+    make_op: Callable[[Callable], Any],
+    *,
+    mutates_args: Iterable[str] | str,
+    schema: str | None,
+    running: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> tuple[Any, str, tuple[str, ...]]:
+    """Run a cell's ``source`` and make its function the operator ``qualname``: what every
+    cell front end of a Python operator shares (``%%custom_op``, ``%%triton_op``).
+
+    The source runs in ``namespace`` inside ``running()`` with the companion decorators of
+    this module's docstring; ``make_op(function)`` makes the operator (at the function's cell
+    line, for the session), then the companions are registered. Returns ``(op, the
+    function's name, notes)``, the op bound in ``namespace`` under that name; a failure
+    raises :class:`CellSourceError` at its cell line, the name keeping its previous value.
+    """
     namespace.setdefault("__builtins__", __builtins__)
     _refuse_foreign(qualname)
     tree = _parse(source, filename)
@@ -227,7 +273,8 @@ def custom_op_from_source(
     previous = namespace.get(function_node.name, _UNBOUND)
     collector = _Collector(filename)
     try:
-        _run(code, filename, namespace, collector, qualname)
+        with running():
+            _run(code, filename, namespace, collector, qualname)
         function = namespace[function_node.name]
         where = label_location(filename, function_node.lineno)
         if not inspect.isfunction(function):
@@ -243,7 +290,9 @@ def custom_op_from_source(
         else:
             _check_schema_fits(function, schema, qualname, where, filename, function_node.lineno)
         notes = _replacement_notes(qualname)
-        op = _make_op(qualname, function, mutates_args, device_types, schema, tags, filename)
+        line = function.__code__.co_firstlineno
+        with registration_site(filename, line), _reported(filename, line):
+            op = make_op(function)
         _apply_companions(op, collector.companions, filename)
         session = active_session()
         if session is not None:
@@ -255,10 +304,7 @@ def custom_op_from_source(
             namespace[function_node.name] = previous
         raise
     namespace[function_node.name] = op
-    result = CustomOpResult(op, qualname, function_node.name, notes)
-    if check is not None:
-        result.checks = _run_check(op, check, namespace, filename)
-    return result
+    return op, function_node.name, notes
 
 
 def _check_arguments(
@@ -603,30 +649,9 @@ def _replacement_notes(qualname: str) -> tuple[str, ...]:
     opdef = custom_op_state.custom_op_def(qualname)
     if opdef is None:
         return ()
-    code = getattr(opdef._init_fn, "__code__", None)
+    code = getattr(custom_op_state.custom_op_function(opdef), "__code__", None)
     where = f" from {label_location(code.co_filename, code.co_firstlineno)}" if code else ""
     return (f"replaces the previous {qualname}{where}",)
-
-
-def _make_op(
-    qualname: str,
-    function: Callable,
-    mutates_args: Any,
-    device_types: Any,
-    schema: str | None,
-    tags: Iterable[torch.Tag],
-    filename: str,
-) -> Any:
-    """``torch.library.custom_op`` on the function, recorded at the function's cell line."""
-    line = function.__code__.co_firstlineno
-    with registration_site(filename, line), _reported(filename, line):
-        return torch.library.custom_op(
-            qualname,
-            mutates_args=mutates_args,
-            device_types=device_types,
-            schema=schema,
-            tags=tuple(tags),
-        )(function)
 
 
 def _apply_companions(op: Any, companions: list[_Companion], filename: str) -> None:
@@ -709,5 +734,7 @@ __all__ = [
     "KernelRow",
     "custom_op_from_source",
     "custom_op_kernels",
+    "define_op_from_source",
     "parse_operator_name",
+    "source_file",
 ]

@@ -45,7 +45,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._torch import custom_op_state, dispatcher, library_hooks
+from .._torch import custom_op_state, dispatcher, library_hooks, triton
 from ..dispatch.sites import label_location
 from ..display import Displayable
 from ..errors import ForeignOperatorError, OpmagicError
@@ -621,14 +621,17 @@ class Session:
             change.reapply()
 
     def _restore_bindings(self, created: set[int]) -> None:
-        """Names the failed run bound to its new custom ops and Libraries (``created``: ids of
-        the Libraries) get their previous values."""
+        """Names the failed run bound to its new custom ops, Libraries (``created``: ids of
+        the Libraries) and Triton kernels (which launchers find by name) get their previous
+        values."""
         namespace = self._namespace
         if namespace is None:
             return
+        kept = {id(value) for value in self._bindings.values()}
         for name, value in list(namespace.items()):
             new_opdef = custom_op_state.is_custom_op_def(value) and id(value) not in self._states
-            if new_opdef or id(value) in created:
+            new_kernel = triton.is_kernel(value) and id(value) not in kept
+            if new_opdef or new_kernel or id(value) in created:
                 if name in self._bindings:
                     namespace[name] = self._bindings[name]
                 else:
@@ -695,8 +698,13 @@ class _Failures:
 
 
 def _is_registering_object(value: Any) -> bool:
-    """A CustomOpDef or a Library: what a failed cell's rebinding of a name must not lose."""
-    return custom_op_state.is_custom_op_def(value) or library_hooks.is_library(value)
+    """A CustomOpDef, a Library or a Triton kernel: what a failed cell's rebinding of a name
+    must not lose."""
+    return (
+        custom_op_state.is_custom_op_def(value)
+        or library_hooks.is_library(value)
+        or triton.is_kernel(value)
+    )
 
 
 def _grouped(registrations: Iterator[library_hooks.Registration]) -> list[tuple[str, str]]:

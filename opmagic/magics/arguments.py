@@ -3,8 +3,9 @@
 An :class:`Option` is an argparse argument as data. A bundle (a tuple of options) is
 applied to a magic with :func:`with_options`, as IPython's ``script_args`` does, or to an
 argparse parser with :func:`add_options`: ``%%torch_library`` and ``%%cuda_kernel`` share
-:data:`BUILD_OPTIONS`, the three cell magics :data:`COMPARE_OPTIONS`; ``%dispatch`` and the
-CLI's ``resolve`` share :data:`CONTEXT_OPTIONS`.
+:data:`BUILD_OPTIONS`, the cell magics :data:`COMPARE_OPTIONS`, ``%%custom_op`` and
+``%%triton_op`` :data:`PYTHON_OP_OPTIONS`; ``%dispatch`` and the CLI's ``resolve`` share
+:data:`CONTEXT_OPTIONS`.
 """
 
 from __future__ import annotations
@@ -162,6 +163,26 @@ def without_comment(line: str) -> str:
     return line
 
 
+def evaluate(expression: str, namespace: dict[str, Any], what: str) -> Any:
+    """The value of a user's expression (an option's value, a call's argument) in
+    ``namespace``; one that does not evaluate is a UsageError naming ``what`` and the error."""
+    from IPython.core.error import UsageError
+
+    try:
+        return eval(expression, namespace)
+    except Exception as error:  # the user's expression: a bad magic line
+        raise UsageError(
+            f"could not evaluate {what} {expression!r}: {type(error).__name__}: {error}"
+        ) from error
+
+
+def names(values: str | list[str] | None) -> list[str]:
+    """The names of a list option, as words or comma-separated: ``["float32", "float16"]``
+    from ``"float32, float16"`` or ``["float32", "float16"]`` or ``["float32,float16"]``."""
+    words = [values] if isinstance(values, str) else values or []
+    return [name.strip() for word in words for name in word.split(",") if name.strip()]
+
+
 def joined(values: list[str] | str | None) -> str:
     """The words of a repeatable option (``--cflags A --cflags B``) as one flags string."""
     if values is None:
@@ -209,6 +230,37 @@ def call_context(options: argparse.Namespace) -> CallContext:
         fake=options.fake,
         logging=options.logging_mode,
     )
+
+
+# ---------------------------------------------------------------- a cell's Python operator
+
+PYTHON_OP_OPTIONS: tuple[Option, ...] = (  # of %%custom_op and %%triton_op
+    Option(
+        ("--mutates-args",),
+        {
+            "default": "",
+            "metavar": "NAMES",
+            "help": "comma-separated names of the arguments the function mutates in place, or "
+            "'unknown' (assume it may mutate every argument); default: it mutates nothing",
+        },
+    ),
+    Option(
+        ("--check",),
+        {
+            "default": None,
+            "metavar": "EXPR",
+            "help": "a Python expression for sample arguments (a tuple is the argument list); "
+            "runs torch.library.opcheck, and gradcheck when the cell has a @backward, and "
+            "shows a pass/fail table",
+        },
+    ),
+)
+
+
+def mutates_args(options: argparse.Namespace) -> tuple[str, ...] | str:
+    """``custom_op``'s ``mutates_args`` from parsed :data:`PYTHON_OP_OPTIONS`."""
+    text = options.mutates_args.strip()
+    return "unknown" if text == "unknown" else tuple(names(text))
 
 
 # ---------------------------------------------------------------- comparing a cell's op

@@ -9,20 +9,22 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.custom_op import CustomOpResult, custom_op_from_source
 from ..errors import OpmagicError
-from .arguments import COMPARE_OPTIONS, parse_options, with_options
+from .arguments import (
+    COMPARE_OPTIONS,
+    PYTHON_OP_OPTIONS,
+    mutates_args,
+    names,
+    parse_options,
+    with_options,
+)
 from .compare import compare_cell
 from .session import running_cell_number
-
-
-def _names(text: str) -> tuple[str, ...]:
-    """``"x, y"`` -> ``("x", "y")``."""
-    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def _tags(text: str) -> tuple[torch.Tag, ...]:
     """torch.Tag members from their names."""
     tags = []
-    for name in _names(text):
+    for name in names(text):
         tag = getattr(torch.Tag, name, None)
         if not isinstance(tag, torch.Tag):
             known = ", ".join(sorted(n for n in dir(torch.Tag) if not n.startswith("_")))
@@ -37,13 +39,7 @@ class CustomOpMagics(Magics):
 
     @magic_arguments()
     @argument("name", help="the operator's name, NAMESPACE::NAME (e.g. mylib::numpy_sin)")
-    @argument(
-        "--mutates-args",
-        default="",
-        metavar="NAMES",
-        help="comma-separated names of the arguments the function mutates in place, or "
-        "'unknown' (assume it may mutate every argument); default: it mutates nothing",
-    )
+    @with_options(PYTHON_OP_OPTIONS)
     @argument(
         "--device-types",
         default=None,
@@ -62,14 +58,6 @@ class CustomOpMagics(Magics):
         default="",
         metavar="TAGS",
         help="comma-separated torch.Tag names for the operator, e.g. pt2_compliant_tag",
-    )
-    @argument(
-        "--check",
-        default=None,
-        metavar="EXPR",
-        help="a Python expression for sample arguments (a tuple is the argument list); runs "
-        "torch.library.opcheck, and gradcheck when the cell has a @backward, and shows "
-        "a pass/fail table",
     )
     @with_options(COMPARE_OPTIONS)
     @cell_magic
@@ -104,9 +92,8 @@ class CustomOpMagics(Magics):
                 return torch.empty_like(x)
         """
         args = parse_options(self.custom_op, line)
-        mutates = args.mutates_args
         device_types = args.device_types
-        devices = _names(device_types) if device_types is not None else None
+        devices = names(device_types) if device_types is not None else None
         source = f"# %%custom_op {line}\n{cell}"
         shell = self.shell
         filename = shell.compile.cache(source, running_cell_number(shell), raw_code=source)
@@ -114,7 +101,7 @@ class CustomOpMagics(Magics):
             result = custom_op_from_source(
                 source,
                 args.name,
-                mutates_args="unknown" if mutates.strip() == "unknown" else _names(mutates),
+                mutates_args=mutates_args(args),
                 device_types=devices[0] if devices and len(devices) == 1 else devices,
                 schema=args.schema,
                 tags=_tags(args.tags),
