@@ -73,6 +73,30 @@ def intercept_run(kernel: Any, around: Callable[..., Any]) -> None:
     target.run = functools.partial(around, run)
 
 
+def autotuners(kernel: Any) -> list[Any]:
+    """The ``@triton.autotune`` layers of a kernel object, outermost first."""
+    from triton.runtime.autotuner import Autotuner
+
+    found = []
+    while hasattr(kernel, "fn") and not isinstance(kernel, _interpreted_class()):
+        if isinstance(kernel, Autotuner):
+            found.append(kernel)
+        kernel = kernel.fn
+    return found
+
+
+def time_configs_by_running_once(autotuner: Any) -> None:
+    """Make an autotuner "time" each config by running it once, all equally fast, so that it
+    keeps the first (timing needs a GPU; the interpreter can only run them)."""
+
+    def run_once(kernel_call: Callable[[], None], quantiles: Any) -> list[float]:
+        kernel_call()
+        return [0.0 for _ in quantiles]
+
+    autotuner._do_bench = run_once
+    autotuner.__dict__.pop("do_bench", None)  # where 3.9's cached_property keeps its answer
+
+
 def forget_compiled(kernel: Any) -> None:
     """Drop what Triton keeps compiled for ``kernel``: a JITFunction's binaries per device and
     the dependency hash that selects them (so that the next launch compiles against the
@@ -156,8 +180,9 @@ def compilation_error_parts(error: Any) -> tuple[str | None, int | None, int | N
     node = error.node
     line = getattr(node, "lineno", None)
     column = getattr(node, "col_offset", None)
-    cause = error.__cause__
-    if cause is not None and not isinstance(cause, compilation_error_class()):  # not its repr
+    # Triton puts the repr of the exception that stopped it in the message: name it instead
+    cause = error.__cause__ or (error.__context__ if error.__suppress_context__ else None)
+    if cause is not None and not isinstance(cause, compilation_error_class()):
         return error.src, line, column, f"{type(cause).__name__}: {cause}"
     return error.src, line, column, str(error.error_message or "")
 

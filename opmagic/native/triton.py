@@ -10,7 +10,9 @@ cell kernel therefore first runs Triton's compiler front end for the launch's ar
 a block size that is not ``tl.constexpr``), and checks every load and store against the
 memory of the launch's tensors (an out-of-bounds access raises before it happens, naming the
 kernel, the line and the offsets). Launches on fake or meta tensors (FakeTensor tracing, the
-op's fake impl) run nothing, as torch's ``wrap_triton`` does for compiled kernels.
+op's fake impl) run nothing, as torch's ``wrap_triton`` does for compiled kernels. An
+``@triton.autotune`` kernel runs each of its configs once and keeps the first (timing them
+needs a GPU).
 
 Every launch is noted for :func:`opmagic.trace` (:mod:`opmagic.dispatch.notes`): the trace
 lists it under the operator call that made it, with its grid and meta-parameters.
@@ -170,13 +172,13 @@ class CellKernel:
     name: str  # the name the cell bound it to
     kernel: Any  # what the cell bound: a JITFunction, InterpretedFunction, Autotuner, ...
     filename: str
-    line: int  # the line of its ``def``, as the cell numbers its lines
+    line: int  # its first line (the ``@triton.jit``), as the cell numbers its lines
     interpreted: bool
     _checked: set[tuple] = field(default_factory=set, repr=False)
 
     @property
     def where(self) -> str:
-        """``cell [3], line 2``: where the kernel's ``def`` is."""
+        """``cell [3], line 2``: where the kernel is written (its first decorator)."""
         return label_location(self.filename, self.line)
 
     @property
@@ -291,7 +293,10 @@ def instrument_cell_kernels(namespace: dict[str, Any], filename: str, mode: str)
         if code is None or code.co_filename != filename:
             continue
         interpreted = triton_internals.is_interpreted(value)
-        kernel = CellKernel(name, value, filename, def_line(function), interpreted)
+        if interpreted:  # without a GPU, autotuning runs each config once and keeps the first
+            for autotuner in triton_internals.autotuners(value):
+                triton_internals.time_configs_by_running_once(autotuner)
+        kernel = CellKernel(name, value, filename, function.__code__.co_firstlineno, interpreted)
         triton_internals.intercept_run(value, kernel.launch)
         kernels.append(kernel)
     names = {kernel.name for kernel in kernels}
