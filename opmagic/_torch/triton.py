@@ -161,7 +161,7 @@ def _jit_twin(function: Callable[..., Any], twins: dict[int, dict[str, Any]]) ->
     twin.__kwdefaults__ = function.__kwdefaults__
     twin.__annotations__ = dict(function.__annotations__)
     twin.__qualname__ = function.__qualname__
-    twin.__module__ = function.__module__
+    twin.__module__ = function.__module__ or "__main__"  # exec'd without a __name__
     return JITFunction(twin)
 
 

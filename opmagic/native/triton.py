@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import importlib.util
 import inspect
 import linecache
 import logging
@@ -95,13 +94,18 @@ def install_command() -> str:
 
 def require_triton() -> None:
     """Import Triton, or raise :class:`TritonNotInstalledError` saying how to install it."""
-    if importlib.util.find_spec("triton") is None:
+    try:
+        import triton  # noqa: F401
+    except ModuleNotFoundError as error:
+        if error.name != "triton":
+            raise TritonNotInstalledError(
+                f"Triton is installed but does not import: it needs {error.name!r}, which is "
+                f"missing. Reinstall it with {install_command()}."
+            ) from None
         raise TritonNotInstalledError(
             f"Triton is not installed in this Python ({sys.executable}). Install it with "
             f"{install_command()}, then run the cell again."
-        )
-    try:
-        import triton  # noqa: F401
+        ) from None
     except Exception as error:
         raise TritonNotInstalledError(
             f"Triton is installed but does not import ({type(error).__name__}: {error}). "
@@ -384,7 +388,8 @@ def _place(
     filename = function.__code__.co_filename
     indent = linecache.getline(filename, start)
     indent_width = len(indent) - len(indent.lstrip())
-    return filename, start + line - 1, None if column is None else column + indent_width, name
+    column = None if column is None else column + indent_width + 1  # counted from 1, as GCC's
+    return filename, start + line - 1, column, name
 
 
 def _function_named(function: Callable[..., Any], name: str) -> Callable[..., Any] | None:
