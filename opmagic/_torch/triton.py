@@ -64,6 +64,20 @@ def is_interpreted(kernel: Any) -> bool:
     return isinstance(launched_kernel(kernel), _interpreted_class())
 
 
+def annotate_constexprs_for_the_interpreter(kernel: Any) -> None:
+    """Annotate with ``tl.constexpr`` itself the parameters of an interpreted kernel annotated
+    with a string such as ``"tl.constexpr"`` (as PyTorch's documentation writes them), in the
+    function the interpreter runs (its rewrite of the kernel's source): the compiler takes
+    both spellings, the interpreter only the class (it would pass such a block size as a
+    tensor, which ``tl.arange`` refuses)."""
+    from triton.language import constexpr
+
+    annotations = launched_kernel(kernel).rewrite().__annotations__
+    for name, annotation in list(annotations.items()):
+        if isinstance(annotation, str) and "constexpr" in annotation:
+            annotations[name] = constexpr
+
+
 def intercept_run(kernel: Any, around: Callable[..., Any]) -> None:
     """Route every launch of ``kernel`` (``kernel[grid](...)``, autotuner runs, torch's
     ``wrap_triton``) through ``around(run, *args, grid=..., warmup=..., **kwargs)``, where
@@ -250,6 +264,44 @@ def interpreter_memory_hooks(
     finally:
         for (owner, name), original in originals.items():
             setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def device_functions_interpreted() -> Iterator[None]:
+    """While inside, the ``@triton.jit`` functions an interpreted kernel calls run in the
+    interpreter with Triton's language patched for the call only.
+
+    Compiled ones too: Triton's own library (``tl.max``, ``tl.sum``, ...) is made of compiled
+    JIT functions when ``TRITON_INTERPRET`` was unset as triton was imported, and those refuse
+    to be called outside a compiled kernel. And the interpreter's own device-function call
+    leaves ``triton.language`` patched for the interpreter after it returns, which breaks the
+    next compile (the front-end check) in the process.
+    """
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+
+    interpreted = _interpreted_class()
+    originals = {JITFunction: JITFunction.__call__, interpreted: interpreted.__call__}
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        function = self
+        if not isinstance(self, interpreted):
+            function = self.__dict__.get("_opmagic_interpreted")
+            if function is None:
+                function = self.__dict__["_opmagic_interpreted"] = interpreted(self.fn)
+        scope = interpreter._patch_lang(function.fn)
+        try:
+            return function.rewrite()(*args, **kwargs)
+        finally:
+            scope.restore()
+
+    for owner in originals:
+        owner.__call__ = call
+    try:
+        yield
+    finally:
+        for owner, original in originals.items():
+            owner.__call__ = original
 
 
 def holds_no_data(tensor: Any) -> bool:

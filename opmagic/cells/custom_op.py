@@ -252,6 +252,7 @@ def define_op_from_source(
     *,
     mutates_args: Iterable[str] | str,
     schema: str | None,
+    schema_option: bool = True,
     running: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> tuple[Any, str, tuple[str, ...]]:
     """Run a cell's ``source`` and make its function the operator ``qualname``: what every
@@ -259,9 +260,11 @@ def define_op_from_source(
 
     The source runs in ``namespace`` inside ``running()`` with the companion decorators of
     this module's docstring; ``make_op(function)`` makes the operator (at the function's cell
-    line, for the session), then the companions are registered. Returns ``(op, the
-    function's name, notes)``, the op bound in ``namespace`` under that name; a failure
-    raises :class:`CellSourceError` at its cell line, the name keeping its previous value.
+    line, for the session), then the companions are registered (``schema_option``: whether
+    the front end takes a schema in place of type hints, which messages then suggest).
+    Returns ``(op, the function's name, notes)``, the op bound in ``namespace`` under that
+    name; a failure raises :class:`CellSourceError` at its cell line, the name keeping its
+    previous value.
     """
     namespace.setdefault("__builtins__", __builtins__)
     _refuse_foreign(qualname)
@@ -286,7 +289,9 @@ def define_op_from_source(
                 line=function_node.lineno,
             )
         if schema is None:
-            _infer_schema(function, mutates_args, where, filename, function_node.lineno)
+            _infer_schema(
+                function, mutates_args, where, filename, function_node.lineno, schema_option
+            )
         else:
             _check_schema_fits(function, schema, qualname, where, filename, function_node.lineno)
         notes = _replacement_notes(qualname)
@@ -622,9 +627,15 @@ def _cell_error(error: BaseException, filename: str, qualname: str) -> CellSourc
 
 
 def _infer_schema(
-    function: Callable, mutates_args: Any, where: str, filename: str, line: int
+    function: Callable,
+    mutates_args: Any,
+    where: str,
+    filename: str,
+    line: int,
+    schema_option: bool = True,
 ) -> None:
-    """Infer the schema as custom_op will, to report a failure at the function's line."""
+    """Infer the schema as custom_op will, to report a failure at the function's line
+    (``schema_option``: whether the fix may be to give the schema instead)."""
     try:
         torch.library.infer_schema(function, mutates_args=mutates_args)
     except ValueError as error:
@@ -634,8 +645,8 @@ def _infer_schema(
             "Correct --mutates-args or the function's parameters."
             if "mutates_args" in reason
             else "Use the types torch.library supports (Tensor, int, float, bool, str, "
-            "torch.device, torch.dtype, and Optional/Sequence of them) or pass "
-            "--schema '(Tensor x) -> Tensor'."
+            "torch.device, torch.dtype, and Optional/Sequence of them)"
+            + (" or pass --schema '(Tensor x) -> Tensor'." if schema_option else ".")
         )
         raise CellSourceError(
             f"{where}: cannot infer a schema for {function.__name__}(): {reason}. {fix}",

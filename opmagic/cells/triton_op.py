@@ -145,6 +145,7 @@ def triton_op_from_source(
         make_op,
         mutates_args=mutates_args,
         schema=None,
+        schema_option=False,  # triton_op infers it
         running=lambda: kernels_made_for(mode),
     )
     rows = _kernel_rows(*made[-1], launcher_name)

@@ -208,8 +208,12 @@ class CellKernel:
         try:
             if not self.interpreted or warmup:
                 return run(*args, grid=grid, warmup=warmup, **kwargs)
+            triton_internals.annotate_constexprs_for_the_interpreter(self.kernel)
             bounds = _Bounds(self)
-            with triton_internals.interpreter_memory_hooks(bounds.arguments, bounds.access):
+            with (
+                triton_internals.device_functions_interpreted(),
+                triton_internals.interpreter_memory_hooks(bounds.arguments, bounds.access),
+            ):
                 return run(*args, grid=grid, warmup=warmup, **kwargs)
         except triton_internals.compilation_error_class() as error:
             raise _compile_error(self, error) from None
