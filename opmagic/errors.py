@@ -75,7 +75,7 @@ class CudaToolkitError(ToolchainError):
     """nvcc, CUDA's headers or NVRTC are missing, or do not fit this torch."""
 
 
-class TritonNotInstalledError(ToolchainError, ImportError):
+class TritonNotInstalledError(ToolchainError):
     """``%%triton_op`` needs the ``triton`` package; the message says which version to install."""
 
 

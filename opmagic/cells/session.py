@@ -66,7 +66,8 @@ def registration_site(filename: str, line: int) -> Iterator[None]:
     """Record the registrations made inside as made by a cell at ``filename:line``.
 
     Front ends that register on a cell's behalf (``%%custom_op``) use it, so that the
-    session tracks what they register and tables name the cell's line.
+    session tracks what they register and tables name the cell's line. Registrations made
+    by modules imported meanwhile (torch imports some lazily) stay theirs.
     """
     token = _site_override.set((filename, line))
     try:
@@ -154,17 +155,30 @@ class _CaptureRule:
 
     def __init__(self, is_cell_code: Callable[[str], bool]) -> None:
         self.is_cell_code = is_cell_code
-        prefixes = [
+        wrappers = [  # torch's registration API and opmagic's hooks into it
             *library_hooks.registration_machinery_paths(),
-            os.path.dirname(os.path.dirname(__file__)) + os.sep,  # all of opmagic
+            library_hooks.__file__,
+            *(module.__file__ for module in (functools, contextlib, warnings)),
         ]
-        prefixes += [module.__file__ for module in (functools, contextlib, warnings)]
         with contextlib.suppress(ImportError):
             import typing_extensions
 
-            prefixes.append(typing_extensions.__file__)
-        self._prefixes = tuple(p for p in prefixes if p)
+            wrappers.append(typing_extensions.__file__)
+        self._wrappers = tuple(p for p in wrappers if p)
+        self._opmagic = os.path.dirname(os.path.dirname(__file__)) + os.sep  # all of opmagic
+        self._prefixes = (*self._wrappers, self._opmagic)
         self._looked_through: dict[str, bool] = {}
+
+    def by_opmagic(self, frame: Any) -> bool:
+        """Whether opmagic itself makes the registration (a front end registering on a cell's
+        behalf), not a module that torch's registration API imported on the way (torch
+        imports some lazily, and their own registrations are not the cell's)."""
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not filename.startswith(self._wrappers):
+                return filename.startswith(self._opmagic)
+            frame = frame.f_back
+        return False
 
     def site(self, frame: Any) -> Site | None:
         """The cell line a registration comes from, or ``None`` when no cell makes it."""
@@ -416,9 +430,10 @@ class Session:
         if self._run is None:
             return None
         override = _site_override.get()
-        if override is not None:
+        frame = sys._getframe(1)
+        if override is not None and self._rule.by_opmagic(frame):
             return override
-        return self._rule.site(sys._getframe(1))
+        return self._rule.site(frame)
 
     def make_room(self, registration: library_hooks.Registration) -> Callable[[bool], None]:
         """Evict what ``registration`` replaces; the returned callable gets whether it applied.

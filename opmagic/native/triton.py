@@ -46,7 +46,7 @@ DEVICE = "device"
 _log = logging.getLogger(__name__)
 _HINTS = (
     (
-        re.compile(r"must be of type `?tl\.constexpr|must be a constexpr|constexpr"),
+        re.compile(r"must be of type `?tl\.constexpr|must have type `constexpr\[int\]`"),
         "shapes and block sizes must be known when the kernel compiles: annotate the "
         "parameter as tl.constexpr (BLOCK: tl.constexpr) and pass a Python int for it.",
     ),
@@ -367,13 +367,18 @@ def _compile_error(kernel: CellKernel, error: Exception) -> TritonKernelError:
     while isinstance(current, compilation_error):
         chain.append(triton_internals.compilation_error_parts(current))
         current = current.__cause__
-    places = [_place(kernel, src, line, column) for src, line, column, _ in chain]
-    message = chain[-1][3] or str(error).strip().splitlines()[-1]
-    filename, line, column, name = places[-1]
+    message = next((text for *_, text in reversed(chain) if text), "")
+    message = message or str(error).strip().splitlines()[-1]
+    # where in the user's functions: Triton's own library (tl.zeros, ...) has no cell lines
+    places = [
+        place
+        for src, line, column, _ in chain
+        if (place := _place(kernel, src, line, column))[0] is not None
+    ]
+    filename, line, column, name = places[-1] if places else (None, None, None, kernel.name)
     callers = [
         f"  called from {caller} ({label_location(file, at)})"
         for file, at, _, caller in reversed(places[:-1])
-        if file is not None and at is not None
     ]
     return _kernel_error(kernel, name, filename, line, column, message, callers)
 

@@ -167,6 +167,23 @@ def test_an_error_in_a_helper_is_at_the_helpers_line_called_from_the_kernels():
     assert "  called from k (<triton test cell " in text and ">:11)" in text
 
 
+def test_an_error_inside_tritons_library_is_at_the_line_that_called_it():
+    source = HEADER + textwrap.dedent(
+        """
+        @triton.jit
+        def k(x_ptr, BLOCK):
+            accumulator = tl.zeros((BLOCK,), dtype=tl.float32)
+            tl.store(x_ptr + tl.arange(0, 8), accumulator)
+        """
+    )
+    error = kernel_error(source, torch.zeros(8), 8)
+    first = str(error).splitlines()[0]
+    assert error.line == 6 and first.startswith("Triton kernel k (<triton test cell ")
+    assert "): TypeError: Shape element 0 must have type `constexpr[int]`, got " in first
+    assert "  hint: shapes and block sizes must be known when the kernel compiles" in str(error)
+    assert "called from" not in str(error)
+
+
 def test_a_launch_the_front_end_cannot_check_runs_and_its_error_is_at_the_kernel_line():
     source = HEADER + textwrap.dedent(
         """
@@ -323,4 +340,4 @@ def test_without_triton_the_error_says_how_to_install_it():
     )
     assert done.stdout.startswith(f"Triton is not installed in this Python ({sys.executable}). ")
     assert "Install it with pip install triton, or pip install \"opmagic[triton]\"" in done.stdout
-    assert issubclass(TritonNotInstalledError, ImportError)
+    assert issubclass(TritonNotInstalledError, opmagic.ToolchainError)
