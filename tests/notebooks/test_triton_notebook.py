@@ -22,14 +22,12 @@ def test_the_notebook_checks_compares_and_traces_its_triton_ops(run_notebook):
     assert "checks (4 passed)" in vector_add and "kernels: Triton's interpreter" in vector_add
     assert re.search(r"add_kernel +launched by vector_add +cell \[\d+\], line 6", vector_add)
     assert "all 2 cases pass" in by_magic["def pair(size, dtype, device):"]
-    failed = next(c for c in code if "raises-exception" in c.metadata.get("tags", []))
-    (error,) = [o for o in failed.outputs if o.output_type == "error"]
-    assert error.ename == "TritonKernelError"
+    caught = by_magic["try:"]
     assert re.match(
         r"Triton kernel unmasked_kernel \(cell \[\d+\], line 9\): out-of-bounds load in program "
         r"\(3, 0, 0\): it reads 24 elements past the memory of x_ptr \(float32, 1000 elements\): "
         r"offsets 1000\.\.1023 from x_ptr\.",
-        error.evalue,
+        caught,
     )
     softmax = next(text for line, text in by_magic.items() if "nb::softmax" in line)
     assert "checks (4 passed)" in softmax and "all 2 cases pass" in softmax
