@@ -199,6 +199,32 @@ def test_a_launch_the_front_end_cannot_check_runs_and_its_error_is_at_the_kernel
     )
 
 
+def test_a_device_compile_error_is_reported_as_the_front_ends_is(monkeypatch):
+    """A compiled kernel's launch compiles it, and Triton raises the same CompilationError;
+    without a GPU that compile is stood in for by a ``run`` raising the error Triton's front end
+    raises for the kernel (the one mock here: a device compile is impossible on this machine)."""
+    from triton.runtime.jit import JITFunction
+
+    from opmagic._torch import triton as shim
+
+    source = HEADER + "\n@triton.jit\ndef k(x_ptr, BLOCK):\n    tl.arange(0, BLOCK)\n"
+    namespace = {}
+    filename = source_file(f"<triton test cell {next(_cells)}>", source)
+    with native.kernels_made_for(native.DEVICE):
+        exec(compile(source, filename, "exec"), namespace)
+    function = namespace["k"].fn
+
+    def compile_on_launch(self, *args, grid, warmup, **kwargs):
+        shim.front_end_check(function, args, kwargs)
+
+    monkeypatch.setattr(JITFunction, "run", compile_on_launch)
+    (kernel,) = native.instrument_cell_kernels(namespace, filename, native.DEVICE).kernels
+    assert not kernel.interpreted
+    with pytest.raises(TritonKernelError, match=r":6\): ValueError: arange's arguments") as raised:
+        namespace["k"][(1,)](torch.zeros(4), 4)
+    assert raised.value.line == 6 and raised.value.__cause__ is None
+
+
 def test_an_out_of_bounds_load_is_caught_before_it_reads():
     source = HEADER + textwrap.dedent(
         """
