@@ -171,12 +171,15 @@ class _CaptureRule:
 
     def by_opmagic(self, frame: Any) -> bool:
         """Whether opmagic itself makes the registration (a front end registering on a cell's
-        behalf), not a module that torch's registration API imported on the way (torch
-        imports some lazily, and their own registrations are not the cell's)."""
+        behalf), not a module imported on the way: torch imports some lazily (the first
+        ``triton_op`` imports ``torch._inductor``), and their registrations are not the cell's.
+        """
         while frame is not None:
             filename = frame.f_code.co_filename
-            if not filename.startswith(self._wrappers):
-                return filename.startswith(self._opmagic)
+            if filename.startswith("<frozen importlib"):
+                return False
+            if filename.startswith(self._opmagic) and not filename.startswith(self._wrappers):
+                return True
             frame = frame.f_back
         return False
 
