@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.checks import CheckReport, check_op
 from ..cells.triton_op import TritonOpResult, triton_op_from_source
-from ..errors import OpmagicError
+from ..errors import OpmagicError, TritonKernelError
 from .arguments import (
     COMPARE_OPTIONS,
     PYTHON_OP_OPTIONS,
@@ -106,8 +106,14 @@ def _errors_named() -> Iterator[None]:
 
 def _check(result: TritonOpResult, expression: str, namespace: dict[str, Any]) -> CheckReport:
     """``--check EXPR``: run the op once on the sample arguments (a kernel's error fails the
-    cell there, at the kernel's line, instead of failing every check), then the checks."""
+    cell there, at the kernel's line, instead of failing every check), then the checks (which
+    report any other failure, arguments the op refuses included, in their rows)."""
     value = evaluate(expression, namespace, "--check")
     args = value if isinstance(value, tuple) else (value,)
-    result.op(*args)
+    try:
+        result.op(*args)
+    except TritonKernelError:
+        raise
+    except Exception:  # the checks report it, in their rows
+        pass
     return check_op(result.op, args)

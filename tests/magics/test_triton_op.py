@@ -160,6 +160,12 @@ def test_check_runs_opcheck_and_compare_times_against_torch(cells: Cells):
     assert "add vs torch.add" in captured.stdout or "tm_check::add" in captured.stdout
 
 
+def test_sample_arguments_the_op_refuses_are_failed_checks_not_a_failed_cell(cells: Cells):
+    checks = cells.run(add_cell("tm_refused::add", options='--check "3"')).result.checks
+    assert not checks.passed
+    assert "Expected a value of type 'Tensor' for argument 'x'" in checks.rows[0].detail
+
+
 def test_interpret_asks_for_the_interpreter_and_unload_removes_the_op(cells: Cells):
     summary = cells.run(add_cell("tm_unload::add", options="--interpret")).result
     assert summary.mode == "interpreter" and summary.why == "asked for"
