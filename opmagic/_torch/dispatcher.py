@@ -164,6 +164,19 @@ def all_op_names() -> list[str]:
     return _C._dispatch_get_all_op_names()
 
 
+def has_operator(name: str) -> bool:
+    """Whether the dispatcher has ``ns::name`` or ``ns::name.overload``: defined, or only
+    holding kernels registered without a definition (``c10::Dispatcher::findOp``)."""
+    return _C._dispatch_has_kernel(name)
+
+
+def torchscript_overload_names(qualname: str) -> list[str]:
+    """Overload names TorchScript's operator registry has for one name, looked up alone:
+    every dispatcher definition's (the registry mirrors them as they come and go) and
+    TorchScript-only ones the dispatcher lacks (``aten::add.int``)."""
+    return [schema.overload_name for schema in _C._jit_get_schemas_for_operator(qualname)]
+
+
 def dump_table(op_name: str) -> str:
     """The computed dispatch table of one operator, a line per runtime key that has a kernel."""
     return _C._dispatch_dump_table(op_name)
