@@ -378,6 +378,14 @@ def fake_mode_refuses(mode: Any, tensor: torch.Tensor) -> bool:
     return not (mode.allow_non_fake_inputs if override is None else override)
 
 
+def fake_tensor_passes_on(tensor: torch.Tensor) -> bool:
+    """Whether FakeTensorMode (and FakeTensor's own handler) returns NotImplemented for a call
+    with this argument: a tensor subclass it does not know, whose handler then runs."""
+    from torch._subclasses.fake_tensor import _check_for_subclass_arg
+
+    return _check_for_subclass_arg(tensor)
+
+
 def is_functional_tensor_mode(mode: Any) -> bool:
     """Whether a dispatch mode is Python functionalization's FunctionalTensorMode."""
     from torch._subclasses.functional_tensor import FunctionalTensorMode

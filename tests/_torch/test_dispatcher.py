@@ -184,6 +184,9 @@ def test_subclass_and_mode_queries():
         assert dispatcher.fake_mode_of(fake) is mode
         assert not dispatcher.fake_mode_refuses(mode, fake)
         assert dispatcher.fake_mode_refuses(mode, real)
+        assert dispatcher.fake_tensor_passes_on(TwoTensor(fake, fake.clone()))
+        assert not dispatcher.fake_tensor_passes_on(fake)
+        assert not dispatcher.fake_tensor_passes_on(real)  # refused, not passed on
     assert not dispatcher.fake_mode_refuses(FakeTensorMode(allow_non_fake_inputs=True), real)
 
     def body(t):
