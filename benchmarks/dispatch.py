@@ -67,13 +67,13 @@ class FullIndexLookup:
             qualname, _, overload = full.partition(".")
             self.overloads.setdefault(qualname, []).append(overload)
 
-    def overload_names(self, qualname: str) -> list[str]:
+    def overload_names(self, qualname: str) -> Iterator[str]:
         if qualname not in self.overloads:
             self.refresh()
         names = self.overloads.get(qualname, [])
         if names and dispatcher.find_schema(qualname, names[0]) is None:
             self.refresh()
-        return self.overloads.get(qualname, [])
+        return iter(self.overloads.get(qualname, []))
 
     def has_operator(self, name: str) -> bool:
         qualname, _, overload = name.partition(".")
@@ -84,13 +84,13 @@ class FullIndexLookup:
 def full_index_lookups() -> Iterator[None]:
     """Route opmagic's per-operator lookups through the baseline's full index."""
     index = FullIndexLookup()
-    per_operator = dispatcher.torchscript_overload_names, dispatcher.has_operator
-    dispatcher.torchscript_overload_names = index.overload_names
+    per_operator = dispatcher.overload_names, dispatcher.has_operator
+    dispatcher.overload_names = index.overload_names
     dispatcher.has_operator = index.has_operator
     try:
         yield
     finally:
-        dispatcher.torchscript_overload_names, dispatcher.has_operator = per_operator
+        dispatcher.overload_names, dispatcher.has_operator = per_operator
 
 
 _fresh_names = itertools.count()

@@ -8,7 +8,7 @@ boundary as plain ``int`` raw representations (``DispatchKeySet.raw_repr``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -170,11 +170,23 @@ def has_operator(name: str) -> bool:
     return _C._dispatch_has_kernel(name)
 
 
-def torchscript_overload_names(qualname: str) -> list[str]:
-    """Overload names TorchScript's operator registry has for one name, looked up alone:
-    every dispatcher definition's (the registry mirrors them as they come and go) and
-    TorchScript-only ones the dispatcher lacks (``aten::add.int``)."""
-    return [schema.overload_name for schema in _C._jit_get_schemas_for_operator(qualname)]
+def overload_names(qualname: str) -> Iterator[str]:
+    """The overloads of one operator (``""``: the default one), found one at a time by asking
+    for this name alone, never listing every operator.
+
+    TorchScript's operator registry, indexed by name, mirrors every dispatcher definition as
+    definitions come and go, and adds overloads of its own (``aten::add.int``), so each of its
+    candidates is checked against the dispatcher. An operator holding kernels but no
+    definition has the default overload.
+    """
+    found = False
+    for schema in _C._jit_get_schemas_for_operator(qualname):
+        overload = schema.overload_name
+        if has_operator(f"{qualname}.{overload}" if overload else qualname):
+            found = True
+            yield overload
+    if not found and has_operator(qualname):
+        yield ""
 
 
 def dump_table(op_name: str) -> str:

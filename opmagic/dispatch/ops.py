@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -112,13 +111,13 @@ def overloads_of(ref: OpRef) -> list[str]:
     Asks the dispatcher about this one operator: listing all ~3,600 of them is for what
     needs every name (close-match suggestions, the explorer's search).
     """
-    return _default_first(list(_overloads(ref.qualname)))
+    return _default_first(list(dispatcher.overload_names(ref.qualname)))
 
 
 def op_ref(op: Any) -> OpRef:
     """Normalise any accepted operator spelling into an :class:`OpRef` that exists."""
     ref = _parse(op)
-    if ref.overload is None and next(_overloads(ref.qualname), None) is not None:
+    if ref.overload is None and next(dispatcher.overload_names(ref.qualname), None) is not None:
         return ref
     if ref.overload is not None and dispatcher.has_operator(ref.dispatcher_name):
         return ref
@@ -133,17 +132,6 @@ def op_ref(op: Any) -> OpRef:
         f"Use '{ref.qualname}.<overload>' with one of them, or '{ref.qualname}' to let "
         "opmagic pick the overload from the arguments."
     )
-
-
-def _overloads(qualname: str) -> Iterator[str]:
-    """The overloads of one operator the dispatcher has, found one at a time."""
-    found = False
-    for overload in dispatcher.torchscript_overload_names(qualname):
-        if dispatcher.has_operator(f"{qualname}.{overload}" if overload else qualname):
-            found = True
-            yield overload
-    if not found and dispatcher.has_operator(qualname):  # kernels, but no definition
-        yield ""
 
 
 def _full_index() -> dict[str, list[str]]:

@@ -107,10 +107,8 @@ def test_operator_queries():
     assert dispatcher.find_schema("aten::add", "nope") is None
     assert dispatcher.has_operator("aten::add.Tensor") and dispatcher.has_operator("aten::sin")
     assert not dispatcher.has_operator("aten::add") and not dispatcher.has_operator("aten::add.int")
-    torchscript = dispatcher.torchscript_overload_names("aten::add")
-    assert {"Tensor", "Scalar", "out", "Scalar_out", "int"} <= set(torchscript)
-    assert dispatcher.torchscript_overload_names("aten::len")  # TorchScript's alone
-    assert not dispatcher.has_operator("aten::len")
+    assert set(dispatcher.overload_names("aten::add")) == {"Tensor", "Scalar", "out", "Scalar_out"}
+    assert list(dispatcher.overload_names("aten::len")) == []  # TorchScript's, not an operator
     x = torch.randn(1)
     assert dispatcher.select_overload("aten::add", (x, x), {}) == "Tensor"
 
@@ -146,8 +144,7 @@ def test_hold_operators_keeps_an_entry_alive_until_released():
     library._destroy()  # the definition goes; the held entry stays, with no schema
     assert "shim_hold::held" in dispatcher.all_op_names()
     assert dispatcher.find_schema("shim_hold::held", "") is None
-    assert dispatcher.has_operator("shim_hold::held")
-    assert dispatcher.torchscript_overload_names("shim_hold::held") == []
+    assert list(dispatcher.overload_names("shim_hold::held")) == [""]
     release()
     assert "shim_hold::held" not in dispatcher.all_op_names()
 
