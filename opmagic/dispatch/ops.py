@@ -1,7 +1,9 @@
 """Turning whatever the user passes as an operator into a dispatcher name.
 
 Accepted: ``"ns::name"``, ``"ns::name.overload"``, ``"ns.name.overload"``,
-``"torch.ops.ns.name"``, an ``OpOverload``, an ``OpOverloadPacket`` or a ``CustomOpDef``.
+``"torch.ops.ns.name"``, an ``OpOverload``, an ``OpOverloadPacket``, a ``CustomOpDef``, or a
+torch function or Tensor method standing for an aten operator (``torch.add``, ``x.add``:
+see torch_functions.py).
 Unknown names raise :class:`~opmagic.errors.UnknownOperatorError` with close matches.
 """
 
@@ -16,9 +18,10 @@ import torch
 
 from .._torch import dispatcher
 from ..errors import NotAnOperatorError, UnknownOperatorError
+from .torch_functions import aten_name
 
 if TYPE_CHECKING:
-    from torch._ops import OpOverload
+    from torch._ops import OpOverload, OpOverloadPacket
 
 # the one grammar of the names in "namespace::name.overload" (and of C++ library names)
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -63,10 +66,13 @@ class OpRef:
         """The same operator with one overload chosen."""
         return OpRef(self.namespace, self.name, overload)
 
+    def packet(self) -> OpOverloadPacket:
+        """The ``torch.ops`` packet of this operator (called, it picks the overload)."""
+        return getattr(getattr(torch.ops, self.namespace), self.name)
+
     def op_overload(self) -> OpOverload:
         """The ``torch.ops`` object of this overload."""
-        packet = getattr(getattr(torch.ops, self.namespace), self.name)
-        return getattr(packet, self.overload or "default")
+        return getattr(self.packet(), self.overload or "default")
 
     def __str__(self) -> str:
         return self.dispatcher_name
@@ -157,7 +163,10 @@ def _parse(op: Any) -> OpRef:
         return OpRef(*parts)
     if isinstance(op, str):
         return _parse_string(op)
-    raise NotAnOperatorError(_not_an_operator_message(op))
+    name = aten_name(op)
+    if name is None:
+        raise NotAnOperatorError(_not_an_operator_message(op))
+    return OpRef("aten", name, None)
 
 
 def _parse_string(text: str) -> OpRef:
@@ -218,15 +227,10 @@ def _unknown_op_message(qualname: str) -> str:
 
 
 def _not_an_operator_message(op: Any) -> str:
-    kind = type(op).__name__
     name = getattr(op, "__name__", None)
-    if callable(op) and name:
-        return (
-            f"Expected an operator, got the {kind} {name!r}. Pass the dispatcher operator "
-            f"instead: torch.ops.aten.{name} (or the string 'aten::{name}'), a torch.ops.ns.name "
-            "object, or the op returned by torch.library.custom_op."
-        )
+    what = f"the {type(op).__name__} {name!r}" if callable(op) and name else repr(op)
     return (
-        f"Expected an operator ('ns::name[.overload]', torch.ops.ns.name[.overload] or a custom "
-        f"op), got {kind} {op!r}."
+        f"Expected an operator, got {what}. Pass an operator ('ns::name[.overload]', "
+        "torch.ops.ns.name[.overload] or a custom op), or a torch function or Tensor method "
+        "that stands for one (torch.add, torch.Tensor.add, torch.nn.functional.silu)."
     )
