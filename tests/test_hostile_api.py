@@ -92,6 +92,8 @@ _VALUES = st.one_of(
     st.lists(st.one_of(st.integers(-2, 2), st.text(max_size=3), st.none()), max_size=3),
     st.dictionaries(st.one_of(st.integers(-2, 2), st.text(max_size=3)), st.integers(), max_size=2),
     st.tuples(st.text(max_size=3), st.text(max_size=3)),
+    # functions: some stand for an aten operator, some for several or none
+    st.sampled_from([torch.add, torch.ones(1).add, torch.norm, torch.Tensor.backward, len]),
 )
 
 

@@ -8,7 +8,7 @@ boundary as plain ``int`` raw representations (``DispatchKeySet.raw_repr``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -162,6 +162,31 @@ def unwrap_functional(tensor: torch.Tensor) -> torch.Tensor:
 def all_op_names() -> list[str]:
     """Every operator the dispatcher knows, as ``ns::name`` or ``ns::name.overload``."""
     return _C._dispatch_get_all_op_names()
+
+
+def has_operator(name: str) -> bool:
+    """Whether the dispatcher has ``ns::name`` or ``ns::name.overload``: defined, or only
+    holding kernels registered without a definition (``c10::Dispatcher::findOp``)."""
+    return _C._dispatch_has_kernel(name)
+
+
+def overload_names(qualname: str) -> Iterator[str]:
+    """The overloads of one operator (``""``: the default one), found one at a time by asking
+    for this name alone, never listing every operator.
+
+    TorchScript's operator registry, indexed by name, mirrors every dispatcher definition as
+    definitions come and go, and adds overloads of its own (``aten::add.int``), so each of its
+    candidates is checked against the dispatcher. An operator holding kernels but no
+    definition has the default overload.
+    """
+    found = False
+    for schema in _C._jit_get_schemas_for_operator(qualname):
+        overload = schema.overload_name
+        if has_operator(f"{qualname}.{overload}" if overload else qualname):
+            found = True
+            yield overload
+    if not found and has_operator(qualname):
+        yield ""
 
 
 def dump_table(op_name: str) -> str:
@@ -363,6 +388,14 @@ def fake_mode_refuses(mode: Any, tensor: torch.Tensor) -> bool:
         return False
     override = fake_tensor_tls.allow_non_fake_inputs_override
     return not (mode.allow_non_fake_inputs if override is None else override)
+
+
+def fake_tensor_passes_on(tensor: torch.Tensor) -> bool:
+    """Whether FakeTensorMode (and FakeTensor's own handler) returns NotImplemented for a call
+    with this argument: a tensor subclass it does not know, whose handler then runs."""
+    from torch._subclasses.fake_tensor import _check_for_subclass_arg
+
+    return _check_for_subclass_arg(tensor)
 
 
 def is_functional_tensor_mode(mode: Any) -> bool:

@@ -11,6 +11,7 @@ import torch
 from .._torch import custom_op_state
 from ..dispatch.ops import op_ref
 from ..dispatch.resolve.binding import select_overload
+from ..dispatch.torch_functions import unbind
 from ..display import Displayable
 from ..errors import ArgumentTypeError
 
@@ -65,7 +66,7 @@ def check_op(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None)
         raise ArgumentTypeError(
             f"check_op: kwargs must be a dict of keyword arguments by name, got {kwargs!r}."
         )
-    args = tuple(args)
+    op, args = unbind(op, tuple(args))  # x.add: x is the first argument
     kwargs = dict(kwargs or {})
     if custom_op_state.is_custom_op_def(op):
         target, opdef, name = op, op, op._qualname

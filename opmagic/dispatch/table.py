@@ -193,7 +193,8 @@ def dispatch_table(op: Any, *, all_overloads: bool = False) -> DispatchTable | O
     """The dispatch table of an operator.
 
     ``op`` names one overload (``"aten::add.Tensor"``, an OpOverload, a custom op) or a
-    packet (``"aten::add"``, ``torch.ops.aten.add``). A packet gives its default overload's
+    packet (``"aten::add"``, ``torch.ops.aten.add``, or a torch function or Tensor method
+    standing for one: ``torch.add``, ``torch.Tensor.add``). A packet gives its default overload's
     table when it has one, else (or with ``all_overloads=True``) an :class:`OverloadTables`.
     """
     ref = op_ref(op)

@@ -105,6 +105,10 @@ def test_operator_queries():
     assert dispatcher.registrations_for_key("QuantizedHIP") == []  # torch cannot parse that name
     assert str(dispatcher.find_schema("aten::add", "Tensor")).startswith("aten::add.Tensor(")
     assert dispatcher.find_schema("aten::add", "nope") is None
+    assert dispatcher.has_operator("aten::add.Tensor") and dispatcher.has_operator("aten::sin")
+    assert not dispatcher.has_operator("aten::add") and not dispatcher.has_operator("aten::add.int")
+    assert set(dispatcher.overload_names("aten::add")) == {"Tensor", "Scalar", "out", "Scalar_out"}
+    assert list(dispatcher.overload_names("aten::len")) == []  # TorchScript's, not an operator
     x = torch.randn(1)
     assert dispatcher.select_overload("aten::add", (x, x), {}) == "Tensor"
 
@@ -140,6 +144,7 @@ def test_hold_operators_keeps_an_entry_alive_until_released():
     library._destroy()  # the definition goes; the held entry stays, with no schema
     assert "shim_hold::held" in dispatcher.all_op_names()
     assert dispatcher.find_schema("shim_hold::held", "") is None
+    assert list(dispatcher.overload_names("shim_hold::held")) == [""]
     release()
     assert "shim_hold::held" not in dispatcher.all_op_names()
 
@@ -176,6 +181,9 @@ def test_subclass_and_mode_queries():
         assert dispatcher.fake_mode_of(fake) is mode
         assert not dispatcher.fake_mode_refuses(mode, fake)
         assert dispatcher.fake_mode_refuses(mode, real)
+        assert dispatcher.fake_tensor_passes_on(TwoTensor(fake, fake.clone()))
+        assert not dispatcher.fake_tensor_passes_on(fake)
+        assert not dispatcher.fake_tensor_passes_on(real)  # refused, not passed on
     assert not dispatcher.fake_mode_refuses(FakeTensorMode(allow_non_fake_inputs=True), real)
 
     def body(t):

@@ -18,6 +18,14 @@ def test_op_names_packets_and_overloads_are_checked(op) -> None:
     assert report.rows and report.passed, report
 
 
+def test_torch_functions_and_bound_methods_are_checked() -> None:
+    x, y = torch.randn(3), torch.randn(3)
+    for op, args in ((torch.add, (x, y)), (torch.Tensor.add, (x, y)), (x.add, (y,))):
+        report = check_op(op, args)
+        assert report.op == "aten::add.Tensor" and report.inputs == "(float32[3], float32[3])"
+        assert report.passed, report
+
+
 @pytest.mark.parametrize(
     ("op", "args", "kwargs", "error", "expected"),
     [

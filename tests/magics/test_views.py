@@ -51,6 +51,12 @@ def shell():
         ("--inference-mode torch.ops.aten.mul(x, y)", ("CPU",)),
         ("--autocast cpu torch.ops.aten.mm(y, y)", ("AutocastCPU", "AutogradCPU", "CPU")),
         ("--vmap --no-grad torch.ops.aten.mul(y, y)", None),
+        ("torch.add(x, 1)", ("AutogradCPU", "CPU")),  # as users name operators
+        ("x.mul(y)", ("AutogradCPU", "CPU")),
+        (
+            "--fake torch.nn.functional.silu(y)",
+            ("PythonTLSSnapshot", "AutogradCPU", "Python", "Meta"),
+        ),
     ],
 )
 def test_dispatch_resolves_calls_without_running_them(shell, call: str, path) -> None:
@@ -83,7 +89,7 @@ def test_dispatch_all_draws_every_key(shell) -> None:
         ("", "needs a call, e.g."),
         ("torch.ops.aten.mul(x,", "could not parse"),
         ("torch.ops.aten.mul(x, nothing_here)", "could not evaluate 'nothing_here': NameError"),
-        ("torch.add(x, y)", "torch.ops.aten.add"),
+        ("torch.norm(x)", "calls several operators .*torch.ops.aten.norm"),
         ("torch.ops.aten.mul(y, 'a')", "No overload of aten::mul accepts"),
         ("--autocast nope torch.ops.aten.mul(x, y)", "autocast cannot be turned on"),
         ("--frobnicate torch.ops.aten.mul(x, y)", "unrecognized arguments: --frobnicate"),
