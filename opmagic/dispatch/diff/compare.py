@@ -21,7 +21,14 @@ from ..table import Registration
 from .computed import Computed, computed_table
 from .labels import Kernel, KernelNamer, LiveFunctions, entry_text, registered_by_torch
 from .result import Change, DispatchDiff, OpTableDiff, TableRow
-from .state import DispatchSnapshot, Fallback, NativeRoute, OpState, snapshot
+from .state import (
+    DispatchSnapshot,
+    Fallback,
+    NativeRoute,
+    OpState,
+    defined_in_torch,
+    snapshot,
+)
 
 
 def diff(before: DispatchSnapshot | None = None) -> Any:
@@ -112,6 +119,11 @@ class _Sides:
         self.new_active = new.active() if new is not None else {}
         self.live = new is not None and new.schema is not None
         functions = LiveFunctions(op, self.new_active, self.live)
+        opdef = custom_op_state.custom_op_def(op.partition(".")[0]) if self.live else None
+        impl = custom_op_state.custom_op_parts(opdef)["impl"] if opdef is not None else None
+        self.custom_impl = custom_op_state.unwrap_registered_function(impl) if impl else None
+        # a custom op that torch's own modules define: what they register is torch's too
+        self.torch_custom_op = self.custom_impl is not None and defined_in_torch(self.custom_impl)
         self.old_names = KernelNamer(self.old_active, old_routes, functions)
         self.new_names = KernelNamer(self.new_active, new_routes, functions)
 
@@ -137,18 +149,15 @@ class _Sides:
                 new[0] or "",
                 self._definition(site or ""),
                 "definition",
-                by_torch=registered_by_torch(site or ""),
+                by_torch=registered_by_torch(site or "") or self.torch_custom_op,
             )
         ]
 
     def _definition(self, site: str) -> str:
         """Where the operator was defined; for a custom op defined inside torch's machinery,
         the user's function instead."""
-        qualname = self.op.partition(".")[0]
-        opdef = custom_op_state.custom_op_def(qualname) if self.live else None
-        if opdef is not None and site.startswith("registered at") and "custom_ops.py" in site:
-            impl = custom_op_state.custom_op_parts(opdef)["impl"]
-            return f"custom_op {label_callable(custom_op_state.unwrap_registered_function(impl))}"
+        if self.custom_impl is not None and "custom_ops.py" in site:
+            return f"custom_op {label_callable(self.custom_impl)}"
         return label_site(site)
 
     def kernel_changes(self) -> list[Change]:
@@ -190,7 +199,7 @@ class _Sides:
             subject.where,
             subject.kind,
             "; ".join(self.new_names.kernel(r).text for r in new[1:]),
-            by_torch=subject.by_torch,
+            by_torch=subject.by_torch or self.torch_custom_op,
         )
 
     def derived_changes(
@@ -200,7 +209,9 @@ class _Sides:
         key now (or no longer), or given up by CompositeImplicitAutograd for a backend
         kernel. Both tables use the fallbacks of now: fallback changes are listed apart."""
         registered = {c.key for c in own if c.what == "kernel"}
-        because = ", ".join(f"{c.key} {c.change}" for c in own if c.what == "kernel")
+        causes = [c for c in own if c.what == "kernel"]
+        because = ", ".join(f"{c.key} {c.change}" for c in causes)
+        by_torch = bool(causes) and all(c.by_torch for c in causes)
         changes = []
         for key in ("Undefined", *(info.name for info in catalogue().runtime)):
             if key in registered or old_table.get(key) == new_table.get(key):
@@ -225,6 +236,7 @@ class _Sides:
                     (after if change != "removed" else before).source,
                     (after if change != "removed" else before).kind_label,
                     because=because,
+                    by_torch=by_torch,
                 )
             )
         return changes

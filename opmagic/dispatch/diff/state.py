@@ -153,7 +153,7 @@ def _native_routes() -> tuple[NativeRoute, ...]:
             active,
             label_callable(condition),
             label_callable(impl),
-            _defined_in_torch(impl),
+            defined_in_torch(impl),
         )
         for op_symbol, key, dsl, node_id, active, condition, impl in (
             dispatcher.native_override_routes()
@@ -161,7 +161,7 @@ def _native_routes() -> tuple[NativeRoute, ...]:
     )
 
 
-def _defined_in_torch(function: object) -> bool:
+def defined_in_torch(function: object) -> bool:
     """Whether a function's code lives in torch's own package."""
     code = getattr(inspect.unwrap(function), "__code__", None)  # type: ignore[arg-type]
     return code is not None and code.co_filename.startswith(os.path.dirname(torch.__file__))
