@@ -152,7 +152,9 @@ class DispatchDiff(Displayable):
         """The calls of an earlier :class:`~opmagic.Trace` (or a list of ``(op, args)`` or
         ``(op, args, kwargs)``) whose path or final kernel this diff changed, grouped by op
         and by what serves them now instead."""
-        fallbacks = {c.key: (c.before, c.after) for c in self.fallbacks}
+        fallbacks = {
+            c.key: (c.before or "no kernel", c.after or "no kernel") for c in self.fallbacks
+        }
         changed = {
             op: {row.key: (entry_text(row.before), entry_text(row.after)) for row in table.changed}
             for op, table in self.tables.items()
