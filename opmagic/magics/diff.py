@@ -16,6 +16,7 @@ from IPython.display import display
 
 from ..dispatch.diff import DispatchDiff, diff, snapshot
 from .arguments import parse_options
+from .session import running_cell_number
 
 
 @magics_class
@@ -35,8 +36,10 @@ class DiffMagics(Magics):
         options = parse_options(self.diff, line)
         if options.out is not None and not options.out.isidentifier():
             raise UsageError(f"-o needs a variable name, not {options.out!r}.")
-        source = self.shell.transform_cell(cell)
-        filename = self.shell.compile.cache(source)  # tracebacks and sites name the cell
+        # a blank first line for the magic's: the cell's lines keep their numbers in tracebacks
+        # and in the sites of what it registers ("cell [3], line 5")
+        source = "\n" + self.shell.transform_cell(cell)
+        filename = self.shell.compile.cache(source, running_cell_number(self.shell))
         code = compile(source, filename, "exec")  # a SyntaxError is the user's own
         before = snapshot()
         try:
