@@ -7,7 +7,7 @@ import argparse
 import importlib
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import OpmagicError
@@ -172,20 +172,25 @@ def _diff(options: argparse.Namespace) -> tuple[str, int]:
     from .view.diff import diff_text
 
     before = snapshot()
+    # what the code makes lives in this namespace until the diff is taken: a Library that
+    # was collected would take its registrations with it
+    namespace: dict[str, Any] = {"__name__": "__main__"}
     if options.code is not None:
-        _run("--exec", lambda: exec(compile(options.code, "<--exec>", "exec"), {}))
+        _run("--exec", lambda: exec(compile(options.code, "<--exec>", "exec"), namespace))
     for module in options.imports or ():
         _run(f"--import {module}", lambda name=module: importlib.import_module(name))
     found = diff(before)
     status = 1 if options.fail_on_aten_override and found.aten_overrides else 0
-    ran = options.code if options.code is not None else "; ".join(
-        f"import {module}" for module in options.imports
+    ran = (
+        options.code
+        if options.code is not None
+        else "; ".join(f"import {module}" for module in options.imports)
     )
     show_all = f"`with opmagic.diff() as d: {ran}`, then d.frame()"
     return diff_text(found, limit=None, show_all=show_all), status
 
 
-def _run(what: str, step: Any) -> None:
+def _run(what: str, step: Callable[[], Any]) -> None:
     """Run an import or the code given, saying which one failed and why."""
     try:
         step()
