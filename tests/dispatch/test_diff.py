@@ -95,8 +95,12 @@ def exact_diff() -> Iterator[list[DispatchDiff]]:
 
 
 def one(found: DispatchDiff, op: str, key: str) -> Any:
-    """The change of one operator and key."""
-    (change,) = [c for c in found.changes if c.op == op and c.key == key and c.what != "derived"]
+    """The registration change of one operator and key (no derived entry, no route)."""
+    (change,) = [
+        c
+        for c in (*found.operators, *found.kernels, *found.fallbacks)
+        if c.op == op and c.key == key
+    ]
     return change
 
 

@@ -124,8 +124,8 @@ class _Sides:
         self.custom_impl = custom_op_state.unwrap_registered_function(impl) if impl else None
         # a custom op that torch's own modules define: what they register is torch's too
         self.torch_custom_op = self.custom_impl is not None and defined_in_torch(self.custom_impl)
-        self.old_names = KernelNamer(self.old_active, old_routes, functions)
-        self.new_names = KernelNamer(self.new_active, new_routes, functions)
+        self.old_names = KernelNamer(op, self.old_active, old_routes, functions)
+        self.new_names = KernelNamer(op, self.new_active, new_routes, functions)
 
     def operator_changes(self) -> list[Change]:
         """The definition added, removed or changed (schema, site or alias analysis)."""
@@ -268,9 +268,12 @@ def _identity(registration: Registration) -> tuple[str, str | None, bool]:
 
 
 def _by_op(routes: Sequence[NativeRoute]) -> dict[str, tuple[NativeRoute, ...]]:
+    """The routes of each aten operator, and for each route's own ``_native`` operator the
+    route it implements."""
     grouped: dict[str, list[NativeRoute]] = {}
     for route in routes:
         grouped.setdefault(route.op, []).append(route)
+        grouped.setdefault(route.node_op, []).append(route)
     return {op: tuple(found) for op, found in grouped.items()}
 
 
@@ -315,11 +318,11 @@ def _route_changes(
     """``torch._native`` routes per (op, key) added, removed or changed."""
     changes = []
     for op in sorted(before.keys() | after.keys()):
-        old_keys = {r.key for r in before.get(op, ())}
-        new_keys = {r.key for r in after.get(op, ())}
-        for key in sorted(old_keys | new_keys):
-            old = [r for r in before.get(op, ()) if r.key == key]
-            new = [r for r in after.get(op, ()) if r.key == key]
+        old_routes = [r for r in before.get(op, ()) if r.op == op]
+        new_routes = [r for r in after.get(op, ()) if r.op == op]
+        for key in sorted({r.key for r in old_routes} | {r.key for r in new_routes}):
+            old = [r for r in old_routes if r.key == key]
+            new = [r for r in new_routes if r.key == key]
             if old == new:
                 continue
             change = "added" if not old else "removed" if not new else "replaced"
@@ -330,11 +333,16 @@ def _route_changes(
                     op,
                     key,
                     change,
-                    "; ".join(r.text for r in old),
-                    "; ".join(r.text for r in new),
+                    _routes_text(old),
+                    _routes_text(new),
                     subject.impl,
                     "torch._native route",
                     by_torch=subject.by_torch,
                 )
             )
     return tuple(changes)
+
+
+def _routes_text(routes: Sequence[NativeRoute]) -> str:
+    """``torch._native route · triton: impl (file:line) if cond (file:line)``; "" for none."""
+    return f"torch._native route · {'; '.join(r.text for r in routes)}" if routes else ""

@@ -95,12 +95,14 @@ class KernelNamer:
 
     def __init__(
         self,
+        op: str,
         active: Mapping[str, Registration],
         routes: Sequence[NativeRoute],
         functions: LiveFunctions,
     ) -> None:
+        self.op = op
         self.active = active
-        self.routes = routes
+        self.routes = routes  # torch._native routes of the op, or the one its op implements
         self.functions = functions
 
     def kernel(self, registration: Registration) -> Kernel:
@@ -108,7 +110,12 @@ class KernelNamer:
         kind = _kind(registration)
         where = None
         if kind == "torch._native router":
-            where = "; ".join(r.text for r in self.routes if r.key == registration.key)
+            routes = [r for r in self.routes if r.key == registration.key]
+            implemented = [r for r in routes if r.node_op == self.op]
+            if implemented:  # the kernel of a route's own _native operator: its function
+                kind, where = "Python", implemented[0].impl
+            else:
+                where = "; ".join(r.text for r in routes)
         where = where or self.functions.function(registration) or label_site(registration.site)
         return Kernel(kind, where, registration.site, registered_by_torch(registration.site))
 

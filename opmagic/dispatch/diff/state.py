@@ -48,6 +48,11 @@ class NativeRoute:
     by_torch: bool  # the implementation is torch's own (torch/_native/ops)
 
     @property
+    def node_op(self) -> str:
+        """The ``_native`` operator whose kernel is the route's implementation."""
+        return f"_native::{self.node_id}"
+
+    @property
     def text(self) -> str:
         """``triton: impl_fn (file:line) if cond_fn (file:line)``, ``[disabled]`` when off."""
         state = "" if self.active else " [disabled]"
