@@ -149,7 +149,8 @@ def _removed(change: Change) -> str:
 
 def _derived_groups(changes: Sequence[Change]) -> list[tuple[str, list[str], str]]:
     """Derived changes of one operator now served alike for the same cause, as one row
-    ``(op, keys, text)``; what served them before is named when it was the same for all."""
+    ``(op, keys, text)``; what served them before is named when it was the same for all, else
+    its kinds are."""
     groups: dict[tuple[str, str, str], tuple[list[str], list[str]]] = {}
     for change in changes:
         keys, befores = groups.setdefault((change.op, change.after, change.because), ([], []))
@@ -157,7 +158,8 @@ def _derived_groups(changes: Sequence[Change]) -> list[tuple[str, list[str], str
         befores.append(change.before)
     rows = []
     for (op, after, because), (keys, befores) in groups.items():
-        before = befores[0] if len(set(befores)) == 1 else befores[0].partition(" · ")[0]
+        kinds = dict.fromkeys(before.partition(" · ")[0] for before in befores)
+        before = befores[0] if len(set(befores)) == 1 else " or ".join(kinds)
         rows.append((op, keys, f"{before}{ARROW}{after} (after {because})"))
     return rows
 

@@ -100,6 +100,10 @@ class OpTableDiff(Displayable):
         """The rows whose key is served differently now."""
         return tuple(row for row in self.rows if row.changed)
 
+    def frame(self) -> pandas.DataFrame:
+        """A row per key: kind and source before and after, and whether it changed."""
+        return self.view("frame")
+
 
 @dataclass
 class DispatchDiff(Displayable):
