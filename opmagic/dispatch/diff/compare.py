@@ -72,10 +72,10 @@ class _DiffBlock:
 
 def compare(before: DispatchSnapshot, after: DispatchSnapshot) -> DispatchDiff:
     """Every difference between two snapshots."""
+    old_dumps = before.dumps
     touched = sorted(
-        name
-        for name in before.dumps.keys() | after.dumps.keys()
-        if before.dumps.get(name) != after.dumps.get(name)
+        [name for name, text in after.dumps.items() if old_dumps.get(name) != text]
+        + [name for name in old_dumps if name not in after.dumps]
     )
     routes_before, routes_after = _by_op(before.routes), _by_op(after.routes)
     found = DispatchDiff()

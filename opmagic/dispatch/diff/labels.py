@@ -10,6 +10,7 @@ labelers.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -75,14 +76,13 @@ class LiveFunctions:
         table = self._table
         if table is None or self.active.get(registration.key) != registration:
             return None
-        if registration.is_alias:
-            keys = [
-                info.name
-                for info in catalogue().runtime
-                if dispatcher.alias_includes(registration.key, info.name)
-            ]
-        else:
-            keys = [registration.key] if registration.key in catalogue().by_name else []
+        keys = (
+            _filled_by(registration.key)
+            if registration.is_alias
+            else [registration.key]
+            if registration.key in catalogue().by_name
+            else []
+        )
         for key in keys:
             entry = table.entry(key)
             if entry.site == registration.site and entry.impl:
@@ -104,9 +104,16 @@ class KernelNamer:
         self.active = active
         self.routes = routes  # torch._native routes of the op, or the one its op implements
         self.functions = functions
+        self._named: dict[Registration, Kernel] = {}
 
     def kernel(self, registration: Registration) -> Kernel:
-        """A registration's kind and where it came from."""
+        """A registration's kind and where it came from (named once per registration)."""
+        named = self._named.get(registration)
+        if named is None:
+            named = self._named[registration] = self._name(registration)
+        return named
+
+    def _name(self, registration: Registration) -> Kernel:
         kind = _kind(registration)
         where = None
         if kind == "torch._native router":
@@ -136,6 +143,14 @@ class KernelNamer:
         return TableEntry(
             key, info.category, kind, alias, site, info.explanation, source, is_fallback
         )
+
+
+@functools.cache
+def _filled_by(alias: str) -> list[str]:
+    """The runtime keys a kernel registered to an alias key fills."""
+    return [
+        info.name for info in catalogue().runtime if dispatcher.alias_includes(alias, info.name)
+    ]
 
 
 def _kind(registration: Registration) -> str:
