@@ -165,6 +165,12 @@ def all_op_names() -> list[str]:
     return _C._dispatch_get_all_op_names()
 
 
+def dump_all_registrations(op_names: Iterable[str]) -> list[str]:
+    """``dump_registrations`` of many operators, in order (one C-level loop: a snapshot of the
+    whole dispatcher reads every operator's dump)."""
+    return list(map(_C._dispatch_dump, op_names))
+
+
 def dump_table(op_name: str) -> str:
     """The computed dispatch table of one operator, a line per runtime key that has a kernel."""
     return _C._dispatch_dump_table(op_name)
@@ -175,6 +181,7 @@ def dump_registrations(op_name: str) -> str:
     return _C._dispatch_dump(op_name)
 
 
+@functools.cache
 def _dispatch_key(name: str) -> Any | None:
     """The ``DispatchKey`` of a name: torch's parser misses some per-backend keys (e.g.
     AutogradMTIA), which the enum has."""

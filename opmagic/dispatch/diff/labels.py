@@ -123,7 +123,9 @@ class KernelNamer:
                 kind, where = "Python", implemented[0].impl
             else:
                 where = "; ".join(r.text for r in routes)
-        where = where or self.functions.function(registration) or label_site(registration.site)
+        if where is None and kind == "Python":  # only Python kernels have a function to name
+            where = self.functions.function(registration)
+        where = where or label_site(registration.site)
         return Kernel(kind, where, registration.site, registered_by_torch(registration.site))
 
     def entry(self, key: str, computed: Computed) -> TableEntry:

@@ -123,8 +123,8 @@ def snapshot() -> DispatchSnapshot:
     operators): the dumps are kept as torch prints them and parsed only where they change.
     """
     started = time.perf_counter()
-    dump = dispatcher.dump_registrations
-    dumps = {name: dump(name) for name in dispatcher.all_op_names()}
+    names = dispatcher.all_op_names()
+    dumps = dict(zip(names, dispatcher.dump_all_registrations(names), strict=True))
     return DispatchSnapshot(
         dumps, _fallbacks(dumps), _native_routes(), time.perf_counter() - started
     )
