@@ -15,12 +15,11 @@ from typing import Any
 
 from ..._torch import custom_op_state
 from ...errors import ArgumentTypeError
-from ..keys import catalogue
 from ..sites import label_callable, label_site
 from ..table import Registration
-from .computed import Computed, computed_table
+from .computed import Computed, computed_table, table_keys
 from .labels import Kernel, KernelNamer, LiveFunctions, entry_text, registered_by_torch
-from .result import Change, DispatchDiff, OpTableDiff, TableRow
+from .result import Change, ChangeKind, DispatchDiff, OpTableDiff, TableRow
 from .state import (
     DispatchSnapshot,
     Fallback,
@@ -133,6 +132,7 @@ class _Sides:
         new = self.new.header if self.new is not None else (None, None, None)
         if old == new or (old[0] is None and new[0] is None):
             return []
+        change: ChangeKind
         if old[0] is None:
             change, site = "added", new[1]
         elif new[0] is None:
@@ -179,6 +179,7 @@ class _Sides:
         it stay, inactive); removed: kernels went and nothing new came."""
         added = Counter(map(_identity, new)) - Counter(map(_identity, old))
         gone = Counter(map(_identity, old)) - Counter(map(_identity, new))
+        change: ChangeKind
         if not old:
             change, subject = "added", self.new_names.kernel(new[0])
         elif not new:
@@ -208,17 +209,17 @@ class _Sides:
         """Entries that changed without a registration at their own key: filled from an alias
         key now (or no longer), or given up by CompositeImplicitAutograd for a backend
         kernel. Both tables use the fallbacks of now: fallback changes are listed apart."""
-        registered = {c.key for c in own if c.what == "kernel"}
         causes = [c for c in own if c.what == "kernel"]
+        registered = {c.key for c in causes}
         because = ", ".join(f"{c.key} {c.change}" for c in causes)
         by_torch = bool(causes) and all(c.by_torch for c in causes)
         changes = []
-        for key in ("Undefined", *(info.name for info in catalogue().runtime)):
+        for key in table_keys():
             if key in registered or old_table.get(key) == new_table.get(key):
                 continue
             before = self.old_names.entry(key, old_table)
             after = self.new_names.entry(key, new_table)
-            change = (
+            change: ChangeKind = (
                 "added"
                 if before.kind == "missing" or before.is_fallback
                 else "removed"
@@ -247,7 +248,7 @@ class _Sides:
         """The operator's table on both sides: keys with a kernel of its own on either side,
         and keys served differently."""
         rows = []
-        for key in ("Undefined", *(info.name for info in catalogue().runtime)):
+        for key in table_keys():
             row = TableRow(
                 key, self.old_names.entry(key, old_table), self.new_names.entry(key, new_table)
             )
@@ -286,7 +287,7 @@ def _fallback_changes(
         old, new = before.get(key), after.get(key)
         if old == new:
             continue
-        change = "added" if old is None else "removed" if new is None else "replaced"
+        change: ChangeKind = "added" if old is None else "removed" if new is None else "replaced"
         subject = new if new is not None else old
         assert subject is not None
         changes.append(
@@ -325,7 +326,7 @@ def _route_changes(
             new = [r for r in new_routes if r.key == key]
             if old == new:
                 continue
-            change = "added" if not old else "removed" if not new else "replaced"
+            change: ChangeKind = "added" if not old else "removed" if not new else "replaced"
             subject = (new or old)[0]
             changes.append(
                 Change(

@@ -10,6 +10,7 @@ every operator of the process.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from ..._torch import dispatcher
@@ -33,11 +34,17 @@ def computed_table(
     that has a kernel, as ``parse_computed_table(_dispatch_dump_table(op))`` reads it;
     ``active`` is the kernel that serves each registered key (``OpState.active()``)."""
     table: Computed = {}
-    for key in ("Undefined", *(info.name for info in catalogue().runtime)):
+    for key in table_keys():
         entry = _entry(key, active, fallbacks)
         if entry is not None:
             table[key] = entry
     return table
+
+
+@functools.cache
+def table_keys() -> tuple[str, ...]:
+    """The keys of a computed table: ``Undefined``, then every runtime key in priority order."""
+    return ("Undefined", *(info.name for info in catalogue().runtime))
 
 
 def _entry(

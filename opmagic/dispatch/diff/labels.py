@@ -138,7 +138,10 @@ class KernelNamer:
         site, torch_kind, fallthrough = found
         non_functional = self.active.get(_NON_FUNCTIONAL)
         kind, alias, is_fallback = classify(
-            torch_kind, fallthrough, site, lambda: non_functional and non_functional.site
+            torch_kind,
+            fallthrough,
+            site,
+            lambda: non_functional.site if non_functional is not None else None,
         )
         registration = None if is_fallback else self.active.get(alias or key)
         source = self.kernel(registration).where if registration is not None else label_site(site)

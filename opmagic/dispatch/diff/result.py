@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..._torch import dispatcher
 from ...display import Displayable
@@ -21,8 +21,8 @@ from .labels import entry_text
 if TYPE_CHECKING:
     import pandas
 
-WHATS = ("operator", "kernel", "fallback", "native route", "derived")
-CHANGES = ("added", "removed", "replaced")
+What = Literal["operator", "kernel", "fallback", "native route", "derived"]
+ChangeKind = Literal["added", "removed", "replaced"]
 FRAME_COLUMNS = [
     "op",
     "key",
@@ -41,10 +41,10 @@ FRAME_COLUMNS = [
 class Change:
     """One difference between two dispatcher states."""
 
-    what: str  # one of WHATS
+    what: What
     op: str  # "ns::name[.overload]"; "" for a backend fallback
     key: str  # the dispatch key; "" for a whole operator
-    change: str  # one of CHANGES
+    change: ChangeKind
     before: str  # what was there (schema, kernel, table entry or route); "" for nothing
     after: str  # what is there now; "" for nothing
     site: str  # where the new (or the removed) one was registered
