@@ -8,6 +8,7 @@ registration at their own key, and the kernels are named (:mod:`.labels`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -65,8 +66,8 @@ class _DiffBlock:
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         assert self._before is not None
         found = diff(self._before)
-        for name in ("operators", "kernels", "fallbacks", "routes", "derived", "tables", "seconds"):
-            setattr(self.diff, name, getattr(found, name))
+        for item in dataclasses.fields(found):
+            setattr(self.diff, item.name, getattr(found, item.name))
 
 
 def compare(before: DispatchSnapshot, after: DispatchSnapshot) -> DispatchDiff:
@@ -77,7 +78,6 @@ def compare(before: DispatchSnapshot, after: DispatchSnapshot) -> DispatchDiff:
         + [name for name in old_dumps if name not in after.dumps]
     )
     routes_before, routes_after = _by_op(before.routes), _by_op(after.routes)
-    found = DispatchDiff()
     operators: list[Change] = []
     kernels: list[Change] = []
     derived: list[Change] = []
@@ -95,11 +95,14 @@ def compare(before: DispatchSnapshot, after: DispatchSnapshot) -> DispatchDiff:
                 computed_table(sides.old_active, after.fallbacks), after_table, own
             )
         tables[name] = sides.table(before_table, after_table, tuple(own))
-    found.operators, found.kernels, found.derived = tuple(operators), tuple(kernels), tuple(derived)
-    found.fallbacks = _fallback_changes(before.fallbacks, after.fallbacks)
-    found.routes = _route_changes(routes_before, routes_after)
-    found.tables = tables
-    return found
+    return DispatchDiff(
+        operators=tuple(operators),
+        kernels=tuple(kernels),
+        fallbacks=_fallback_changes(before.fallbacks, after.fallbacks),
+        routes=_route_changes(routes_before, routes_after),
+        derived=tuple(derived),
+        tables=tables,
+    )
 
 
 class _Sides:
