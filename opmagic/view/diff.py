@@ -89,12 +89,8 @@ def diff_text(diff: DispatchDiff, limit: int | None = SHOWN, show_all: str = "d.
     derived = _derived_groups([c for c in diff.derived if not c.by_torch])
     if derived:
         lines.append("derived entries (served from a registration at another key):")
-        lines += _limited(
-            aligned([(op, _keys(keys), text) for op, keys, text in derived]),
-            limit,
-            "derived groups",
-            show_all,
-        )
+        rows = [(op, _keys(keys), text) for op, keys, text in derived]
+        lines += _folded(rows, limit, "derived groups", show_all)
     by_torch = [c for c in diff.changes if c.by_torch]
     if by_torch:
         ops = len({c.op for c in by_torch})
@@ -115,13 +111,15 @@ def _rows(changes: Sequence[Change], limit: int | None, show_all: str) -> list[s
         (change.op or change.key, _key_cell(change), change.change, _cell(change))
         for change in changes
     ]
-    return _limited(aligned(rows), limit, "changes", show_all)
+    return _folded(rows, limit, "changes", show_all)
 
 
-def _limited(lines: list[str], limit: int | None, what: str, show_all: str) -> list[str]:
-    if limit is None or len(lines) <= limit:
-        return lines
-    return lines[:limit] + more_note(len(lines), limit, what, show_all)
+def _folded(
+    rows: Sequence[Sequence[str]], limit: int | None, what: str, show_all: str
+) -> list[str]:
+    """The first ``limit`` rows aligned (all of them for ``None``), then how many more."""
+    shown = rows if limit is None else rows[:limit]
+    return aligned(shown) + more_note(len(rows), len(shown), what, show_all)
 
 
 def _key_cell(change: Change) -> str:
@@ -130,7 +128,10 @@ def _key_cell(change: Change) -> str:
 
 
 def _cell(change: Change) -> str:
-    """What the change did, in one cell: the new thing, what it hides or replaces."""
+    """What the change did, in one cell: the new thing, what it hides or replaces; an
+    operator's schema with where it was defined."""
+    if change.what == "operator":
+        return f"{change.after or change.before} · {change.site}"
     if change.change == "added":
         hides = f" (over {change.hides})" if change.hides else ""
         return f"{change.after}{hides}"
