@@ -45,7 +45,7 @@ def naive_diff(before: dict[str, str]) -> list[str]:
     ]
 
 
-def medians(*runs: Callable[[], object], repeat: int = 15) -> list[float]:
+def medians(*runs: Callable[[], object], repeat: int = 25) -> list[float]:
     """Median wall time of each function, the functions run alternately (same load)."""
     for run in runs:
         run()
