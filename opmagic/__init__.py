@@ -32,6 +32,14 @@ from .dispatch import (
     trace,
 )
 from .dispatch.contexts import CallContext
+from .dispatch.diff import (
+    AffectedCalls,
+    DispatchDiff,
+    DispatchSnapshot,
+    OpTableDiff,
+    diff,
+    snapshot,
+)
 from .errors import (
     ArgumentsMismatchError,
     ArgumentTypeError,
@@ -94,6 +102,7 @@ def unload_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
+    "AffectedCalls",
     "ArgumentTypeError",
     "ArgumentsMismatchError",
     "BuildError",
@@ -113,6 +122,8 @@ __all__ = [
     "CudaOp",
     "CudaToolkitError",
     "CustomOpResult",
+    "DispatchDiff",
+    "DispatchSnapshot",
     "DispatchTable",
     "ForeignOperatorError",
     "KernelRow",
@@ -122,6 +133,7 @@ __all__ = [
     "Mismatch",
     "NoGPUError",
     "NotAnOperatorError",
+    "OpTableDiff",
     "OperatorNameError",
     "OpmagicError",
     "OverloadTables",
@@ -148,6 +160,7 @@ __all__ = [
     "compile_library",
     "cuda_kernel_from_source",
     "custom_op_from_source",
+    "diff",
     "dispatch_table",
     "explore",
     "kernels",
@@ -156,5 +169,6 @@ __all__ = [
     "registration_site",
     "resolve",
     "runtime_keys",
+    "snapshot",
     "trace",
 ]

@@ -1,11 +1,13 @@
-"""``python -m opmagic``: dispatch tables, call resolution and kernels from a terminal."""
+"""``python -m opmagic``: dispatch tables, call resolution, kernels, and what importing a
+module changes in the dispatcher, from a terminal."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import OpmagicError
@@ -69,6 +71,27 @@ def _parser() -> argparse.ArgumentParser:
         type=_rows,
         metavar="N",
         help=f"print the first N rows (default {KERNEL_ROWS}), or 'all'",
+    )
+
+    diff = commands.add_parser(
+        "diff",
+        help="what importing modules (or running code) changes in the dispatcher, against "
+        "this fresh interpreter's state after `import torch`",
+    )
+    run = diff.add_mutually_exclusive_group(required=True)
+    run.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="MODULE",
+        help="a module to import (repeat for several, imported in order)",
+    )
+    run.add_argument("--exec", dest="code", metavar="CODE", help="Python code to run instead")
+    diff.add_argument(
+        "--fail-on-aten-override",
+        action="store_true",
+        help="exit with status 1 when code outside torch put a kernel in front of an aten "
+        "operator (for a library's CI)",
     )
     return parser
 
@@ -142,6 +165,39 @@ def _kernels(options: argparse.Namespace, argv: Sequence[str]) -> str:
     return frame_text(frame, limit, command)
 
 
+def _diff(options: argparse.Namespace) -> tuple[str, int]:
+    """``diff``: the dispatcher's state now, the imports (or code), then everything they
+    changed; status 1 for an aten override under ``--fail-on-aten-override``."""
+    from .dispatch.diff import diff, snapshot
+    from .view.diff import diff_text
+
+    before = snapshot()
+    # what the code makes lives in this namespace until the diff is taken: a Library that
+    # was collected would take its registrations with it
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    if options.code is not None:
+        _run("--exec", lambda: exec(compile(options.code, "<--exec>", "exec"), namespace))
+    for module in options.imports or ():
+        _run(f"--import {module}", lambda name=module: importlib.import_module(name))
+    found = diff(before)
+    status = 1 if options.fail_on_aten_override and found.aten_overrides else 0
+    ran = (
+        options.code
+        if options.code is not None
+        else "; ".join(f"import {module}" for module in options.imports)
+    )
+    show_all = f"`with opmagic.diff() as d: {ran}`, then d.frame()"
+    return diff_text(found, limit=None, show_all=show_all), status
+
+
+def _run(what: str, step: Callable[[], Any]) -> None:
+    """Run an import or the code given, saying which one failed and why."""
+    try:
+        step()
+    except Exception as exc:
+        raise OpmagicError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+
 def _rows(value: str) -> str:
     """``--rows``: a positive number or ``all``."""
     if value != "all" and not (value.isdigit() and int(value) > 0):
@@ -167,11 +223,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     options = _parser().parse_args(argv)
+    status = 0
     try:
         if options.command == "table":
             output = _table(options)
         elif options.command == "resolve":
             output = _resolve(options)
+        elif options.command == "diff":
+            output, status = _diff(options)
         else:
             output = _kernels(options, argv)
     except OpmagicError as exc:
@@ -181,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(output)
     except BrokenPipeError:  # `| head`: the reader has what it wanted
         sys.stderr.close()
-    return 0
+    return status
 
 
 if __name__ == "__main__":

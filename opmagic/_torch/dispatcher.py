@@ -8,6 +8,7 @@ boundary as plain ``int`` raw representations (``DispatchKeySet.raw_repr``).
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -189,6 +190,12 @@ def overload_names(qualname: str) -> Iterator[str]:
         yield ""
 
 
+def dump_all_registrations(op_names: Iterable[str]) -> list[str]:
+    """``dump_registrations`` of many operators, in order (one C-level loop: a snapshot of the
+    whole dispatcher reads every operator's dump)."""
+    return list(map(_C._dispatch_dump, op_names))
+
+
 def dump_table(op_name: str) -> str:
     """The computed dispatch table of one operator, a line per runtime key that has a kernel."""
     return _C._dispatch_dump_table(op_name)
@@ -197,6 +204,46 @@ def dump_table(op_name: str) -> str:
 def dump_registrations(op_name: str) -> str:
     """Schema and raw kernel registrations of one operator, as the dispatcher prints them."""
     return _C._dispatch_dump(op_name)
+
+
+@functools.cache
+def _dispatch_key(name: str) -> Any | None:
+    """The ``DispatchKey`` of a name: torch's parser misses some per-backend keys (e.g.
+    AutogradMTIA), which the enum has."""
+    member = _C.DispatchKey.__members__.get(name)
+    return member if member is not None else _C._parse_dispatch_key(name)
+
+
+def has_backend_fallback(key: str) -> bool:
+    """Whether a backend fallback (one kernel for every operator) is registered for ``key``."""
+    dispatch_key = _dispatch_key(key)
+    return dispatch_key is not None and _C._dispatch_has_backend_fallback(dispatch_key)
+
+
+@functools.cache
+def alias_includes(alias: str, key: str) -> bool:
+    """``c10::isIncludedInAlias``: whether a kernel registered to ``alias`` fills ``key``."""
+    alias_key, runtime_key = _dispatch_key(alias), _dispatch_key(key)
+    if alias_key is None or runtime_key is None:
+        return False
+    return _C._dispatch_is_included_in_alias(runtime_key, alias_key)
+
+
+@functools.cache
+def backend_keys_of_autograd(key: str) -> frozenset[str]:
+    """``getBackendKeySetFromAutograd``: the backend keys an autograd key stands for (none for
+    other keys), as runtime key names."""
+    dispatch_key = _dispatch_key(key)
+    if dispatch_key is None:
+        return frozenset()
+    keyset = _C._dispatch_get_backend_keyset_from_autograd(dispatch_key)
+    return frozenset(keyset_names(keyset.raw_repr()))
+
+
+@functools.cache
+def autogradother_backends() -> frozenset[str]:
+    """``c10::autogradother_backends``: backends served by AutogradOther, as runtime key names."""
+    return frozenset(keyset_names(_C._dispatch_autogradother_backends.raw_repr()))
 
 
 def registrations_for_key(key: str) -> list[str]:
@@ -317,6 +364,32 @@ def hold_operators(qualnames: Iterable[str]) -> Callable[[], None]:
             library.reset()
 
     return release
+
+
+# ---------------------------------------------------------------- torch._native overrides
+
+
+def native_override_routes() -> list[tuple[str, str, str, str, bool, Any, Any]]:
+    """The override routes ``torch._native`` keeps for aten ops (empty where this torch has
+    none): ``(op_symbol, dispatch_key, dsl_name, node_id, active, cond_fn, impl_fn)``, in the
+    order its router tries them. A route is installed in the dispatcher as one router kernel
+    per ``(op, key)`` (``torch/_native/registry.py``), which picks the first route whose
+    condition holds and else calls the kernel it hides."""
+    registry = sys.modules.get("torch._native.registry")
+    graphs = getattr(registry, "_graphs", None)
+    if not isinstance(graphs, dict):
+        return []
+    return [
+        (op_symbol, key, node.dsl_name, node.node_id, node.active, node.cond_fn, node.impl_fn)
+        for (op_symbol, key), nodes in graphs.items()
+        for node in nodes
+    ]
+
+
+def native_registry_file() -> str | None:
+    """The file of ``torch._native``'s registry: the site torch records for its router kernels."""
+    registry = sys.modules.get("torch._native.registry")
+    return getattr(registry, "__file__", None)
 
 
 # ---------------------------------------------------------------- call arguments

@@ -123,6 +123,7 @@ class Registration:
     site: str
     active: bool  # False when a later registration to the same key overrides it
     signature: str | None = None
+    fallthrough: bool = False  # a fallthrough kernel: the dispatcher skips the key
 
     @property
     def source(self) -> str:
@@ -381,6 +382,7 @@ def parse_registrations(text: str) -> list[Registration]:
                     match["site"],
                     not match["inactive"],
                     match["sig"],
+                    "fallthrough" in (match["flags"] or "").split(),
                 )
             )
     return registrations

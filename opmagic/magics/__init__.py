@@ -21,6 +21,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("views", "ViewMagics"),
     ("compare", "CompareMagics"),
     ("trace", "TraceMagics"),
+    ("diff", "DiffMagics"),
 ]
 
 # (module, function) of every warm-up: work that ``%load_ext opmagic`` starts in the

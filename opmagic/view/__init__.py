@@ -5,6 +5,17 @@ Text fits terminals, HTML and SVG notebooks, DataFrames pandas; the explorer wid
 in :mod:`opmagic.view.explorer` and is imported only when it is opened.
 """
 
-from . import cells, compare, cuda, frames, graph, html, library, text, trace
+from . import cells, compare, cuda, diff, frames, graph, html, library, text, trace
 
-__all__ = ["cells", "compare", "cuda", "frames", "graph", "html", "library", "text", "trace"]
+__all__ = [
+    "cells",
+    "compare",
+    "cuda",
+    "diff",
+    "frames",
+    "graph",
+    "html",
+    "library",
+    "text",
+    "trace",
+]

@@ -234,3 +234,34 @@ def test_python_kernel():
     assert meta_mm is not None and meta_mm.__name__ == "meta_mm"
     assert dispatcher.python_kernel(torch.ops.aten.mm.default, "NoSuchKey") is None
     assert dispatcher.python_kernel(torch.ops.aten.mm.default, "XLA") is None
+
+
+def test_snapshot_shims():
+    names = dispatcher.all_op_names()[:3]
+    assert dispatcher.dump_all_registrations(names) == [
+        dispatcher.dump_registrations(name) for name in names
+    ]
+    assert dispatcher.has_backend_fallback("Python") and not dispatcher.has_backend_fallback("CPU")
+    assert dispatcher.has_backend_fallback("AutogradMTIA")  # a key torch's parser misses
+    assert dispatcher.alias_includes("CompositeExplicitAutograd", "CPU")
+    assert dispatcher.alias_includes("Autograd", "AutogradMTIA")
+    assert not dispatcher.alias_includes("Autograd", "CPU")
+    assert dispatcher.backend_keys_of_autograd("AutogradCPU") == {"CPU"}
+    assert dispatcher.backend_keys_of_autograd("CPU") == set()
+    assert {"QuantizedCPU", "FPGA"} <= dispatcher.autogradother_backends()
+
+
+def test_native_override_routes():
+    registry = dispatcher.native_registry_file()
+    assert registry is not None and registry.endswith("registry.py")
+    for (
+        op_symbol,
+        key,
+        dsl,
+        node_id,
+        active,
+        condition,
+        impl,
+    ) in dispatcher.native_override_routes():
+        assert op_symbol and key and dsl and node_id
+        assert isinstance(active, bool) and callable(condition) and callable(impl)
