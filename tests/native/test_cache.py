@@ -1,4 +1,4 @@
-"""The build cache: private to its user, locks that cannot go stale, builds that are atomic."""
+"""Builds through the cache: killed builds block nothing, concurrent builds build once."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from opmagic.errors import CacheDirectoryError
 from opmagic.native import compile_library
-from opmagic.native.cache import BuildCache
 
 from .sources import op_source
 from .waiting import wait_for
@@ -53,76 +51,6 @@ def _child(source: str, steps: Path, go: Path) -> subprocess.Popen:
     process.stdin.write(source)
     process.stdin.close()
     return process
-
-
-@pytest.fixture
-def cache_root(tmp_path, monkeypatch) -> Path:
-    """An empty XDG cache home of this test alone."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    return tmp_path / "opmagic"
-
-
-def test_the_cache_is_created_private(cache_root):
-    BuildCache()
-    assert cache_root.stat().st_mode & 0o777 == 0o700
-
-
-def test_a_cache_others_can_write_to_is_refused(cache_root):
-    cache_root.mkdir(mode=0o700)
-    cache_root.chmod(0o777)
-    with pytest.raises(CacheDirectoryError, match=r"writable by other users.*chmod 700"):
-        BuildCache()
-
-
-def test_a_cache_others_can_only_read_is_made_private(cache_root):
-    cache_root.mkdir(mode=0o755)
-    cache_root.chmod(0o755)
-    BuildCache()
-    assert cache_root.stat().st_mode & 0o777 == 0o700
-
-
-def test_a_symlinked_cache_is_refused(cache_root, tmp_path):
-    (tmp_path / "elsewhere").mkdir()
-    cache_root.symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(CacheDirectoryError, match="not a plain directory"):
-        BuildCache()
-
-
-@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another user needs root")
-def test_a_cache_of_another_user_is_refused(cache_root):
-    cache_root.mkdir(mode=0o700)
-    os.chown(cache_root, 4242, -1)
-    with pytest.raises(CacheDirectoryError, match="belongs to uid 4242"):
-        BuildCache()
-
-
-def test_a_lock_waits_for_its_holder_and_dies_with_it(cache_root):
-    cache = BuildCache()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from opmagic.native.cache import BuildCache\n"
-            "with BuildCache().locked('key'):\n"
-            "    print('held', flush=True); time.sleep(60)",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert holder.stdout.readline().strip() == "held"
-    waits: list[str] = []
-
-    def kill_on_first_wait(pid: str) -> None:
-        """Kill the holder the first time the lock is found held."""
-        waits.append(pid)
-        if len(waits) == 1:
-            holder.send_signal(signal.SIGKILL)
-
-    with cache.locked("key", kill_on_first_wait):
-        pass
-    holder.wait()
-    assert waits[0] == str(holder.pid)
 
 
 @pytest.mark.slow

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from opmagic.errors import CacheDirectoryError
+from opmagic.cachedir import artifact_problem
 from opmagic.native import compile_library, precompile_headers
-from opmagic.native.cache import BuildCache, artifact_problem, artifact_record
 
 from .sources import op_source
 
@@ -28,7 +27,7 @@ _CHILD = textwrap.dedent(
     from opmagic import compile_library
     from opmagic.errors import OpmagicError
     from opmagic.native import precompile_headers
-    from opmagic.native.cache import cache_root
+    from opmagic.cachedir import cache_root
     source, keywords = sys.stdin.read(), json.loads(sys.argv[1])
     then_precompile = keywords.pop("then_precompile", False)
     try:
@@ -123,64 +122,6 @@ def test_a_damaged_build_is_rebuilt_with_a_note(loaded, other_library, kind):
     assert "found damaged in the cache" in report["summary"]
     loaded.append(compile_library(source, progress=None))
     assert loaded[-1].build.cached and not loaded[-1].build.repaired
-
-
-def test_an_artefact_is_checked_by_size_and_hash(tmp_path):
-    path = tmp_path / "artefact"
-    path.write_bytes(b"x" * 10000)
-    record = artifact_record(path)
-    assert artifact_problem(path, record, rehash=False) is None
-    _flip_bytes(path)  # same size, a new ctime: hashed again, and it differs
-    assert "SHA-256 differs" in artifact_problem(path, record, rehash=False)
-    path.write_bytes(b"x" * 10)
-    assert "10 bytes, 10000 when it was built" in artifact_problem(path, record, rehash=False)
-    path.unlink()
-    assert "missing" in artifact_problem(path, record, rehash=False)
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> BuildCache:
-    """An empty build cache of this test alone."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    return BuildCache()
-
-
-def test_a_lock_path_that_is_a_directory_is_replaced_by_a_lock(cache):
-    (cache.home / "locks" / "key.lock").mkdir()
-    (cache.home / "locks" / "key.lock" / "inside").write_text("x")
-    with cache.locked("key"):
-        assert (cache.home / "locks" / "key.lock").is_file()
-
-
-def test_a_lock_never_follows_a_symlink(cache, tmp_path):
-    target = tmp_path / "precious"
-    target.write_text("keep me")
-    (cache.home / "locks" / "key.lock").symlink_to(target)
-    with cache.locked("key"):
-        assert not (cache.home / "locks" / "key.lock").is_symlink()
-    assert target.read_text() == "keep me"
-
-
-def test_a_lock_path_that_is_a_fifo_is_replaced_by_a_lock(cache):
-    os.mkfifo(cache.home / "locks" / "key.lock")
-    with cache.locked("key"):
-        assert (cache.home / "locks" / "key.lock").is_file()
-
-
-@pytest.mark.parametrize("sub", ["v1", "v1/libs", "v1/prefix", "v1/locks", "v1/tmp"])
-def test_every_directory_of_the_cache_is_checked(cache, sub):
-    (cache.root / sub).chmod(0o777)
-    with pytest.raises(CacheDirectoryError, match=f"{cache.root / sub} is unsafe: it is writable"):
-        BuildCache()
-
-
-def test_a_symlinked_subdirectory_is_refused(cache, tmp_path):
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir(mode=0o700)
-    shutil.rmtree(cache.home / "libs")
-    (cache.home / "libs").symlink_to(elsewhere)
-    with pytest.raises(CacheDirectoryError, match="libs is unsafe: it is not a plain directory"):
-        BuildCache()
 
 
 def _unshare_works() -> bool:
