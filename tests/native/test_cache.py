@@ -89,3 +89,61 @@ def test_two_processes_building_the_same_source_build_it_once(build_cache, tmp_p
     assert sorted(report["cached"] for report in reports) == [False, True]
     waited = [path for path in steps if "waiting for pid" in path.read_text()]
     assert len(waited) == 1  # the one that found the build in the cache had waited for it
+
+
+# traces once the file argv[1] exists (torch imported first), after creating the file argv[2]
+_TRACE = textwrap.dedent(
+    """
+    import os, sys, time, torch, opmagic
+    open(sys.argv[2], "w").close()
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    t = opmagic.trace(torch.add, torch.ones(2), torch.ones(2))
+    print([call.op for call in t.calls])
+    """
+)
+
+
+def _tracer(home: Path, go: Path, ready: Path) -> subprocess.Popen:
+    """A process that traces with ``home`` as its XDG cache once ``go`` exists."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _TRACE, str(go), str(ready)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(home)},
+    )
+
+
+@pytest.mark.slow
+def test_two_processes_tracing_first_build_the_observer_once(tmp_path):
+    home, go = tmp_path / "home", tmp_path / "go"
+    ready = [tmp_path / f"ready{i}" for i in range(2)]
+    children = [_tracer(home, go, path) for path in ready]
+    wait_for(lambda: all(path.exists() for path in ready))
+    go.touch()  # both trace now; the observer's build takes seconds, so they overlap
+    outputs = [child.communicate(timeout=600) for child in children]
+    assert all(child.returncode == 0 for child in children), outputs
+    assert [out.strip() for out, _ in outputs] == ["['aten::add.Tensor']"] * 2
+    logs = [log for _, log in outputs]
+    assert sum("opmagic: compiling the operator observer" in log for log in logs) == 1, logs
+    assert sum("which builds the operator observer" in log for log in logs) == 1, logs
+    assert len(list(home.glob("opmagic/v1/observer/*"))) == 1
+
+
+@pytest.mark.slow
+def test_an_observer_build_killed_mid_compile_blocks_nothing(tmp_path):
+    home, go = tmp_path / "home", tmp_path / "go"
+    go.touch()
+    child = _tracer(home, go, tmp_path / "ready")
+    assert "compiling the operator observer" in child.stderr.readline()
+    child.send_signal(signal.SIGKILL)  # ninja and the compiler it started run on, orphaned
+    child.wait()
+    child.stderr.close()
+
+    second = _tracer(home, go, tmp_path / "ready")
+    out, log = second.communicate(timeout=600)
+    assert second.returncode == 0 and out.strip() == "['aten::add.Tensor']", log
+    assert "opmagic: compiling the operator observer" in log  # the lock died with the killed
+    assert "waiting for pid" not in log
+    assert not list(home.glob("opmagic/v1/tmp/*"))  # the killed build's scratch is gone

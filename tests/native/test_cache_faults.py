@@ -124,6 +124,70 @@ def test_a_damaged_build_is_rebuilt_with_a_note(loaded, other_library, kind):
     assert loaded[-1].build.cached and not loaded[-1].build.repaired
 
 
+# traces in a fresh process; reports the calls, and which files of the observer's library
+# are mapped (inodes, "(deleted)" for a file no longer in the cache) beside the published one
+_OBSERVER_CHILD = textwrap.dedent(
+    """
+    import json, os, torch, opmagic
+    from opmagic._torch import op_observer
+    t = opmagic.trace(torch.add, torch.ones(2), torch.ones(2))
+    library = op_observer.build_directory() / op_observer.LIBRARY
+    mapped = {line.split()[4] + (" (deleted)" if line.rstrip().endswith("(deleted)") else "")
+              for line in open("/proc/self/maps") if op_observer.LIBRARY in line}
+    print(json.dumps({"ops": [call.op for call in t.calls], "mapped": sorted(mapped),
+                      "published": str(os.stat(library).st_ino)}))
+    """
+)
+
+
+def _trace_in_child(cache_home: Path) -> tuple[dict, str]:
+    """Trace in a fresh process with ``cache_home`` as its XDG cache: its report and stderr."""
+    result = subprocess.run(
+        [sys.executable, "-c", _OBSERVER_CHILD],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(cache_home)},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1]), result.stderr
+
+
+@pytest.fixture(scope="module")
+def observer_cache(tmp_path_factory) -> Path:
+    """A cache home in which a trace built the observer (tests damage copies of it; torch's
+    ccache, in the same home, makes their rebuilds quick where ccache is installed)."""
+    home = tmp_path_factory.mktemp("observer-cache")
+    _trace_in_child(home)
+    return home
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "truncated to half",
+        "bytes flipped",
+        "deleted",
+        "another build's library",
+        "record damaged",
+        "directory open to others",
+    ],
+)
+def test_a_damaged_observer_is_rebuilt_not_loaded(observer_cache, other_library, tmp_path, kind):
+    home = tmp_path / "home"
+    shutil.copytree(observer_cache, home, symlinks=True)
+    (library,) = home.glob("opmagic/v1/observer/*/opmagic_op_observer.so")
+    _damage(kind, library, other_library)
+    report, log = _trace_in_child(home)  # loading a damaged library could end the process
+    assert report["ops"] == ["aten::add.Tensor"]
+    assert report["mapped"] == [report["published"]]  # the rebuilt file, nothing else
+    assert "opmagic: rebuilding the operator observer: the cached one is damaged" in log, log
+    record = json.loads((library.parent / "build.json").read_text())
+    assert artifact_problem(library, record["library"], rehash=True) is None
+    assert not list(home.glob("opmagic/v1/tmp/*"))
+
+
 def _unshare_works() -> bool:
     """Whether this machine lets a process mount file systems in a namespace of its own."""
     if shutil.which("unshare") is None:
