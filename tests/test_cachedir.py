@@ -136,8 +136,8 @@ def test_a_lock_waits_for_its_holder_and_dies_with_it(cache):
 
 @pytest.mark.slow
 def test_a_lock_is_not_inherited_by_child_processes(cache):
-    with cache.locked("key"):
-        child = subprocess.Popen(["sleep", "60"])  # outlives the lock's holder
+    with cache.locked("key"):  # a child that keeps every descriptor it may inherit
+        child = subprocess.Popen(["sleep", "60"], close_fds=False)  # outlives the holder
     try:
         with cache.locked("key") as waited:  # the child does not hold the lock open
             assert not waited
