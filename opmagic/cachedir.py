@@ -3,7 +3,8 @@
 ``$XDG_CACHE_HOME/opmagic`` (``~/.cache/opmagic``), mode 0700 and owned by the user: every
 directory in it is checked before anything in it is loaded, because loading a library runs
 its code, and every artefact is checked against the size and SHA-256 recorded when it was
-published (:func:`artifact_record`, :func:`artifact_problem`). Keys are hashes of everything a
+published (:func:`artifact_record`, :func:`artifact_problem`), and loaded from a checked
+private copy (:func:`private_copy`). Keys are hashes of everything a
 build reads (:func:`digest`, :func:`compiler_environment`). Work on one key is serialised by
 an ``flock`` on a lock file, which the kernel releases when the holder dies (a SIGKILLed build
 never leaves a stale lock); results are published atomically (:meth:`BuildCache.publishing`:
@@ -26,6 +27,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from .errors import CacheDirectoryError, CacheFullError, OpmagicError
+from .errors import CacheDirectoryError, CacheFullError, LoadError, OpmagicError
 
 LAYOUT_VERSION = "v1"  # bump when the layout or the meaning of a key changes
 LOCK_POLL_SECONDS = 0.1
@@ -360,6 +362,58 @@ def artifact_problem(path: Path, record: Any, *, rehash: bool) -> str | None:
     if file_digest(path) != record["sha256"]:
         return f"{path.name} is not the file that was built (its SHA-256 differs)"
     return None
+
+
+_OPENED_NAMES: set[str] = set()  # every name a library was opened under in this process
+
+
+@contextlib.contextmanager
+def private_copy(path: Path, sha256: str | None = None) -> Iterator[str]:
+    """A name to load the file at ``path`` from, inside the block: a private in-memory copy
+    (``memfd``) of it, checked against ``sha256`` when given, so what is loaded is what was
+    checked, under a name no library was opened under in this process (the dynamic loader
+    matches libraries by that name: a rebuilt file at the same path would be taken for the
+    one loaded before). The copy is closed after the block; what was mapped stays."""
+    with open(path, "rb") as built:
+        data = built.read()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise LoadError(
+            f"{path} changed after it was checked (its SHA-256 is not the recorded one): "
+            "another process is writing to the cache. Run the build again."
+        )
+    fd = os.memfd_create(f"opmagic-{path.name}"[:200], os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        yield _fresh_name(fd)
+    finally:
+        os.close(fd)  # a mapping keeps the memory; the name is never opened again
+
+
+def opened_names() -> frozenset[str]:
+    """Every name a library was opened under in this process so far (a later load's name is
+    none of them: a crash handler tells the newest library's frames apart by it)."""
+    return frozenset(_OPENED_NAMES)
+
+
+def _fresh_name(fd: int) -> str:
+    """A path to the open file ``fd`` that no library was opened under before.
+
+    ``/proc/self/fd/N``, then, once N was used, the same path with more slashes between its
+    parts (the kernel reads ``//`` as ``/``; the dynamic loader compares the strings). The
+    number of spellings grows with the cube of the extra slashes, so the path stays short.
+    """
+    for extra in itertools.count():
+        for before_self in range(extra + 1):
+            for before_fd in range(extra + 1 - before_self):
+                before_number = extra - before_self - before_fd
+                name = (
+                    f"/proc{'/' * (1 + before_self)}self{'/' * (1 + before_fd)}fd"
+                    f"{'/' * (1 + before_number)}{fd}"
+                )
+                if name not in _OPENED_NAMES:
+                    _OPENED_NAMES.add(name)
+                    return name
+    raise AssertionError("unreachable")
 
 
 def fingerprint(path: Path) -> list[int]:

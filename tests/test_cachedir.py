@@ -21,11 +21,14 @@ from opmagic.cachedir import (
     BuildProgress,
     StderrProgress,
     Stopwatch,
+    _fresh_name,
     artifact_problem,
     artifact_record,
+    opened_names,
+    private_copy,
     read_record,
 )
-from opmagic.errors import CacheDirectoryError
+from opmagic.errors import CacheDirectoryError, LoadError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -190,6 +193,34 @@ def test_a_record_of_the_wrong_shape_describes_nothing(tmp_path, record):
     )
 
 
+def test_a_reused_descriptor_gets_a_new_name_for_the_same_file(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("x")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        names = [_fresh_name(fd) for _ in range(200)]
+        assert len(set(names)) == 200
+        assert max(len(name) for name in names) < 40  # grows with the cube root of the uses
+        assert {os.stat(name).st_ino for name in names} == {os.fstat(fd).st_ino}
+    finally:
+        os.close(fd)
+
+
+def test_a_private_copy_is_what_was_checked_under_a_name_never_opened_before(tmp_path):
+    path = tmp_path / "artefact"
+    path.write_bytes(b"built")
+    record = artifact_record(path)
+    with private_copy(path, record["sha256"]) as first:
+        path.write_bytes(b"damaged")  # the copy is taken: the file may change now
+        assert Path(first).read_bytes() == b"built"
+    with pytest.raises(LoadError, match="changed after it was checked"), private_copy(
+        path, record["sha256"]
+    ):
+        pass
+    with private_copy(path) as second:
+        assert second != first and second in opened_names()
+
+
 def test_a_record_is_read_only_from_a_private_directory_and_as_a_json_object(cache):
     directory = cache.lib_dir("key")
     directory.mkdir(mode=0o700)
@@ -210,10 +241,13 @@ def test_publishing_replaces_a_build_whole_or_not_at_all(cache):
     with cache.locked("key"), cache.publishing("key", directory) as scratch:
         (scratch / "lib.so").write_text("first")
     assert (directory / "lib.so").read_text() == "first"
-    with pytest.raises(RuntimeError), cache.locked("key"):  # noqa: SIM117
-        with cache.publishing("key", directory) as scratch:
-            (scratch / "lib.so").write_text("half")
-            raise RuntimeError("the compiler failed")
+    with (
+        pytest.raises(RuntimeError),
+        cache.locked("key"),
+        cache.publishing("key", directory) as scratch,
+    ):
+        (scratch / "lib.so").write_text("half")
+        raise RuntimeError("the compiler failed")
     assert (directory / "lib.so").read_text() == "first"  # the failed build left nothing
     assert not list((cache.home / "tmp").iterdir())
     with cache.locked("key"), cache.publishing("key", directory) as scratch:

@@ -24,6 +24,7 @@ daemon thread (:func:`build_in_background`), which that call then waits for, say
 from __future__ import annotations
 
 import functools
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -50,11 +51,12 @@ from ..cachedir import (
     compiler_environment,
     digest,
     file_digest,
+    private_copy,
     read_record,
     remove_path,
     write_atomic,
 )
-from ..errors import BuildError
+from ..errors import BuildError, LoadError
 
 SOURCE = Path(__file__).with_name("op_observer.cpp")
 # -O1: a third less compile time than -O2 and the same per-call cost (benchmarks/trace.py);
@@ -160,9 +162,8 @@ class _ObserverBuild(BackgroundBuild[ModuleType]):
         """Whether this environment's build is in the cache (not hashed: loading checks)."""
         directory = build_directory()
         record, _ = read_record(directory, RECORD)
-        library = record.get("library") if record is not None else None
-        return library is not None and not artifact_problem(
-            directory / LIBRARY, library, rehash=False
+        return record is not None and not artifact_problem(
+            directory / LIBRARY, record.get("library"), rehash=False
         )
 
     def expected_seconds(self) -> float | None:
@@ -222,12 +223,14 @@ def _load(directory: Path) -> tuple[ModuleType | None, str]:
     damage = artifact_problem(library, record.get("library"), rehash=True) or ""
     if damage:
         return None, damage
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, library)
-    assert spec is not None and spec.loader is not None  # a file location always has both
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
-    except ImportError as error:  # e.g. an undefined symbol: torch changed a signature
+        with private_copy(library, record["library"]["sha256"]) as name:
+            loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, name)
+            spec = importlib.util.spec_from_file_location(MODULE_NAME, name, loader=loader)
+            assert spec is not None  # given its loader, a location always makes a spec
+            module = importlib.util.module_from_spec(spec)  # maps the library
+            loader.exec_module(module)
+    except (ImportError, LoadError) as error:  # an undefined symbol, changed meanwhile, ...
         return None, f"it does not load: {error}"
     return module, ""
 

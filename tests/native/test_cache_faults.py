@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from opmagic.cachedir import artifact_problem
+from opmagic.cachedir import artifact_problem, artifact_record
 from opmagic.native import compile_library, precompile_headers
 
 from .sources import op_source
@@ -124,18 +124,16 @@ def test_a_damaged_build_is_rebuilt_with_a_note(loaded, other_library, kind):
     assert loaded[-1].build.cached and not loaded[-1].build.repaired
 
 
-# traces in a fresh process; reports the calls, and which files of the observer's library
-# are mapped (inodes, "(deleted)" for a file no longer in the cache) beside the published one
+# traces in a fresh process; reports the calls, and every file mapped whose name has the
+# observer's library's in it (the loaded copy of it, as "inode path")
 _OBSERVER_CHILD = textwrap.dedent(
     """
-    import json, os, torch, opmagic
+    import json, torch, opmagic
     from opmagic._torch import op_observer
     t = opmagic.trace(torch.add, torch.ones(2), torch.ones(2))
-    library = op_observer.build_directory() / op_observer.LIBRARY
-    mapped = {line.split()[4] + (" (deleted)" if line.rstrip().endswith("(deleted)") else "")
-              for line in open("/proc/self/maps") if op_observer.LIBRARY in line}
-    print(json.dumps({"ops": [call.op for call in t.calls], "mapped": sorted(mapped),
-                      "published": str(os.stat(library).st_ino)}))
+    mapped = {" ".join(line.split()[4:]) for line in open("/proc/self/maps")
+              if op_observer.LIBRARY in line}
+    print(json.dumps({"ops": [call.op for call in t.calls], "mapped": sorted(mapped)}))
     """
 )
 
@@ -164,28 +162,46 @@ def observer_cache(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kind",
+    ("kind", "found"),
     [
-        "truncated to half",
-        "bytes flipped",
-        "deleted",
-        "another build's library",
-        "record damaged",
-        "directory open to others",
+        ("truncated to half", "bytes, "),
+        ("bytes flipped", "its SHA-256 differs"),
+        ("deleted", "opmagic_op_observer.so is missing"),
+        ("another build's library", "bytes, "),
+        ("record damaged", "its record build.json is damaged"),
+        ("directory open to others", "is not private: it is writable by other users"),
     ],
 )
-def test_a_damaged_observer_is_rebuilt_not_loaded(observer_cache, other_library, tmp_path, kind):
+def test_a_damaged_observer_is_rebuilt_not_loaded(
+    observer_cache, other_library, tmp_path, kind, found
+):
     home = tmp_path / "home"
     shutil.copytree(observer_cache, home, symlinks=True)
     (library,) = home.glob("opmagic/v1/observer/*/opmagic_op_observer.so")
     _damage(kind, library, other_library)
     report, log = _trace_in_child(home)  # loading a damaged library could end the process
     assert report["ops"] == ["aten::add.Tensor"]
-    assert report["mapped"] == [report["published"]]  # the rebuilt file, nothing else
-    assert "opmagic: rebuilding the operator observer: the cached one is damaged" in log, log
+    damage = log.partition("the cached one is damaged (")[2]
+    assert found in damage.partition(")")[0], log  # found before anything was loaded
+    (mapped,) = report["mapped"]  # one load: a checked copy of the rebuilt library
+    assert "/memfd:opmagic-opmagic_op_observer.so" in mapped
     record = json.loads((library.parent / "build.json").read_text())
     assert artifact_problem(library, record["library"], rehash=True) is None
     assert not list(home.glob("opmagic/v1/tmp/*"))
+
+
+@pytest.mark.slow
+def test_an_observer_that_does_not_load_is_rebuilt(observer_cache, other_library, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(observer_cache, home, symlinks=True)
+    (library,) = home.glob("opmagic/v1/observer/*/opmagic_op_observer.so")
+    shutil.copyfile(other_library, library)  # a library, but not the observer: recorded as it
+    record_file = library.parent / "build.json"
+    record = json.loads(record_file.read_text())
+    record_file.write_text(json.dumps({**record, "library": artifact_record(library)}))
+    report, log = _trace_in_child(home)
+    assert report["ops"] == ["aten::add.Tensor"]
+    assert "the cached one is damaged (it does not load: " in log, log
 
 
 def _unshare_works() -> bool:
