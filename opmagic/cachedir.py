@@ -3,18 +3,19 @@
 ``$XDG_CACHE_HOME/opmagic`` (``~/.cache/opmagic``), mode 0700 and owned by the user: every
 directory in it is checked before anything in it is loaded, because loading a library runs
 its code, and every artefact is checked against the size and SHA-256 recorded when it was
-published (:func:`artifact_record`, :func:`artifact_problem`), and loaded from a checked
-private copy (:func:`private_copy`). Keys are hashes of everything a
-build reads (:func:`digest`, :func:`compiler_environment`). Work on one key is serialised by
+published (:func:`artifact_record`, :func:`artifact_problem`); a library is loaded from a
+checked private copy (:func:`private_copy`). Keys are hashes of everything a build reads
+(:func:`digest`, :func:`compiler_environment`). Work on one key is serialised by
 an ``flock`` on a lock file, which the kernel releases when the holder dies (a SIGKILLed build
 never leaves a stale lock); results are published atomically (:meth:`BuildCache.publishing`:
 one rename of a finished directory), so no reader ever sees half a library. A read-only cache
 still serves the builds it holds.
 
 Builds report their steps as :class:`BuildProgress` events (:class:`Stopwatch`; a line on
-stderr by default), with what the same build took here last time (:meth:`BuildCache.
-last_seconds`). :class:`BackgroundBuild` makes something once per process, ahead of its first
-use on a daemon thread, and makes its first users wait for that build, saying so.
+stderr by default), with what the same build took here last time
+(:meth:`BuildCache.last_seconds`). :class:`BackgroundBuild` makes something once per
+process, ahead of its first use on a daemon thread, and makes its first users wait for that
+build, saying so.
 
 Users: ``native/`` (libraries, precompiled headers) and ``_torch/op_observer.py`` (trace's
 observer). This module imports no other opmagic module but :mod:`opmagic.errors`.
