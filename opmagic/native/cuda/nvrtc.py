@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...cachedir import digest
 from ...display import Displayable
 from ...errors import BuildOptionError, CompileError, CudaToolkitError
-from ..cache import digest
 from ..diagnostics import failure_text, parse_diagnostics, renumber_log, where
 from ..options import check_source_position, include_paths, split_flags
 from .launcher import CudaKernel, check_signature
