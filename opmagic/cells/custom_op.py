@@ -592,13 +592,17 @@ def _infer_schema(
 
 
 def _replacement_notes(qualname: str) -> tuple[str, ...]:
-    """What re-defining the operator replaces, when it was defined before."""
+    """What re-defining the operator replaces, when it was defined before: the cell whose
+    definition it is, as the session names it, else where its function was written."""
     opdef = custom_op_state.custom_op_def(qualname)
     if opdef is None:
         return ()
+    session = active_session()
+    where = session.definition_site(qualname) if session is not None else None
     code = getattr(opdef._init_fn, "__code__", None)
-    where = f" from {label_location(code.co_filename, code.co_firstlineno)}" if code else ""
-    return (f"replaces the previous {qualname}{where}",)
+    if where is None and code is not None:
+        where = label_location(code.co_filename, code.co_firstlineno)
+    return (f"replaces the previous {qualname}" + (f" from {where}" if where else ""),)
 
 
 def _make_op(
