@@ -648,7 +648,7 @@ class Session:
             self._teardown(previous, revert=False)
         identity = run.identity
         for record in list(self._records.values()):
-            if _reruns(run, identity, record):  # a key-less re-run (keyed: the previous run)
+            if _reruns(run, identity, record):  # key-less cells it re-runs (keyed: done above)
                 del self._records[record.key]
                 self._teardown(record, revert=True)
         changed = {(id(c.opdef()), c.part) for c in run.changes}
