@@ -8,8 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import view  # noqa: F401  (importing it registers the renderers)
-from .cells.checks import CheckReport, CheckRow, check_op
-from .cells.compare import CaseResult, Comparison, Mismatch, SweepProgress, compare
 from .cells.cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
 from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .cells.session import Session, SessionReport, active_session, registration_site
@@ -70,6 +68,16 @@ from .native import (
     compile_cuda_library,
     compile_library,
     precompile_headers,
+)
+from .verify import (
+    CaseResult,
+    CheckReport,
+    CheckRow,
+    Comparison,
+    Mismatch,
+    SweepProgress,
+    check_op,
+    compare,
 )
 
 if TYPE_CHECKING:

@@ -10,8 +10,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from IPython.core.error import UsageError
+
 from .errors import OpmagicError
-from .magics.arguments import CONTEXT_OPTIONS, add_options, call_context
+from .magics.arguments import (
+    CONTEXT_OPTIONS,
+    KERNELS_OPTIONS,
+    add_options,
+    call_context,
+    evaluate,
+    kernels_keywords,
+)
 
 if TYPE_CHECKING:
     from .view.graph import Diagram
@@ -51,20 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_svg_argument(resolve)
 
     kernels = commands.add_parser("kernels", help="kernels per dispatch key for many operators")
-    kernels.add_argument("--namespace", "-n", help="only operators of this namespace, e.g. aten")
-    kernels.add_argument(
-        "--key",
-        "-k",
-        action="append",
-        help="a runtime key to show (repeat for several; 'all' for every key)",
-    )
-    kernels.add_argument("--wide", action="store_true", help="a row per operator, a column per key")
-    kernels.add_argument(
-        "--missing",
-        "-m",
-        metavar="KEY",
-        help="only operators without a kernel of their own for KEY (e.g. Meta)",
-    )
+    add_options(kernels, KERNELS_OPTIONS)
     kernels.add_argument(
         "--rows",
         default=str(KERNEL_ROWS),
@@ -112,15 +108,6 @@ def _write_svg(path: str | None, diagram: Diagram) -> None:
             out.write(diagram.svg())
 
 
-def _evaluate(expression: str, what: str) -> Any:
-    import torch
-
-    try:
-        return eval(expression, {"torch": torch})
-    except Exception as exc:
-        raise OpmagicError(f"could not evaluate {what} {expression!r}: {exc}") from exc
-
-
 def _table(options: argparse.Namespace) -> str:
     """``table``: the text form of the op's table(s), and its diagram for ``--svg``."""
     from .dispatch import dispatch_table
@@ -140,12 +127,17 @@ def _table(options: argparse.Namespace) -> str:
 
 
 def _resolve(options: argparse.Namespace) -> str:
-    args = _evaluate(options.args, "--args") if options.args.strip() else ()
+    """``resolve``: the path of the call whose arguments ``--args``/``--kwargs`` give (torch in
+    scope), and its diagram for ``--svg``."""
+    import torch
+
+    scope = {"torch": torch}
+    args = evaluate(options.args, scope, "--args") if options.args.strip() else ()
     if not isinstance(args, tuple):
         args = (args,)
-    kwargs = _evaluate(options.kwargs, "--kwargs") if options.kwargs.strip() else {}
+    kwargs = evaluate(options.kwargs, scope, "--kwargs") if options.kwargs.strip() else {}
     if not isinstance(kwargs, dict):
-        raise OpmagicError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
+        raise UsageError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
     resolution = call_context(options).resolve(options.op, *args, **kwargs)
     _write_svg(options.svg, resolution.diagram(show_all=options.all))
     return str(resolution)
@@ -156,10 +148,7 @@ def _kernels(options: argparse.Namespace, argv: Sequence[str]) -> str:
     from .dispatch import kernels
     from .view.frames import frame_text
 
-    keys = None
-    if options.key:
-        keys = "all" if options.key == ["all"] else options.key
-    frame = kernels(options.namespace, keys, wide=options.wide, missing=options.missing)
+    frame = kernels(**kernels_keywords(options))
     limit = None if options.rows == "all" else int(options.rows)
     command = " ".join(["python -m opmagic", *_without_rows(argv), "--rows all"])
     return frame_text(frame, limit, command)
@@ -233,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             output, status = _diff(options)
         else:
             output = _kernels(options, argv)
-    except OpmagicError as exc:
+    except (OpmagicError, UsageError) as exc:
         print(f"opmagic: {exc}", file=sys.stderr)
         return 2
     try:

@@ -90,7 +90,7 @@ def test_resolve_with_contexts():
 
 
 def test_kernels_long_and_wide_are_folded_with_the_command_for_all_rows():
-    long = run_cli("kernels", "--namespace", "aten", "--key", "Meta", "--rows", "5")
+    long = run_cli("kernels", "--namespace", "aten", "--key", "Meta", "--long", "--rows", "5")
     assert long.returncode == 0, long.stderr
     lines = long.stdout.splitlines()
     assert lines[0].startswith("aten::") and lines[1].startswith("  Meta: ")
@@ -99,13 +99,13 @@ def test_kernels_long_and_wide_are_folded_with_the_command_for_all_rows():
         " ".join(lines[-2:]).split()
         == (
             f"... {total - 5:,} more rows ({total:,} in all); all of them: python -m opmagic "
-            "kernels --namespace aten --key Meta --rows all"
+            "kernels --namespace aten --key Meta --long --rows all"
         ).split()
     )
-    everything = run_cli("kernels", "--namespace", "aten", "--key", "Meta", "--rows", "all")
+    everything = run_cli("kernels", "aten", "--key", "Meta", "--long", "--rows", "all")
     assert "more rows" not in everything.stdout and "NaN" not in everything.stdout
     assert everything.stdout.count("  Meta: ") == total
-    wide = run_cli("kernels", "-n", "aten", "-k", "CPU", "-k", "Meta", "--wide")
+    wide = run_cli("kernels", "-n", "aten", "-k", "CPU", "-k", "Meta")  # wide, as %kernels
     total_ops = len(kernels("aten", ["CPU"], wide=True))
     assert wide.stdout.splitlines()[0].split() == ["op", "CPU", "Meta"]
     assert "fallback" in wide.stdout and f"{total_ops - 60:,} more rows" in wide.stdout

@@ -52,7 +52,6 @@ from ..dispatch.ops import OpRef, is_identifier, overloads_of
 from ..dispatch.sites import label_location
 from ..display import Displayable
 from ..errors import ArgumentTypeError, CellSourceError, ForeignOperatorError, OperatorNameError
-from .checks import CheckReport, check_op
 from .session import active_session, foreign_operator_message, registration_site
 
 COMPANIONS = ("fake", "setup_context", "backward", "kernel", "vmap", "autocast", "torch_dispatch")
@@ -71,13 +70,14 @@ class KernelRow:
 
 @dataclass(eq=False)
 class CustomOpResult(Displayable):
-    """What ``%%custom_op`` made: the op, its kernels per key, its dispatch table, checks."""
+    """What ``%%custom_op`` made: the op, its kernels per key, its dispatch table, and the
+    report of ``--check`` (a :class:`~opmagic.CheckReport`, which ``%%custom_op`` adds)."""
 
     op: Any  # the CustomOpDef, also bound in the namespace under ``function``
     qualname: str
     function: str
     notes: tuple[str, ...] = ()
-    checks: CheckReport | None = None
+    checks: Displayable | None = None
 
     @property
     def schema(self) -> str:
@@ -190,7 +190,6 @@ def custom_op_from_source(
     tags: Iterable[torch.Tag] = (),
     namespace: dict[str, Any] | None = None,
     filename: str | None = None,
-    check: str | None = None,
 ) -> CustomOpResult:
     """Make the custom operator ``name`` (``"ns::name"``) from the function in ``source``.
 
@@ -198,12 +197,12 @@ def custom_op_from_source(
     decorators of this module's docstring; the operator function is the top-level function
     named like the operator, else the only top-level function that is neither a companion
     nor private (``_name``). The other keywords are ``torch.library.custom_op``'s.
-    ``check`` is a Python expression for sample arguments (a tuple is the argument list)
-    passed to :func:`opmagic.check_op`. ``filename`` names the source in tracebacks and
-    tables (IPython passes the cell's). The operator is bound in ``namespace`` under the
-    function's name. Problems with the source raise :class:`CellSourceError` naming the line.
+    ``filename`` names the source in tracebacks and tables (IPython passes the cell's). The
+    operator is bound in ``namespace`` under the function's name. Problems with the source
+    raise :class:`CellSourceError` naming the line. To check the op, pass it to
+    :func:`opmagic.check_op`.
     """
-    _check_arguments(source, name, namespace, filename, schema, check)
+    _check_arguments(source, name, namespace, filename, schema)
     _check_names("mutates_args", mutates_args, "argument names or 'unknown'")
     if device_types is not None:
         _check_names("device_types", device_types, "device types such as 'cpu' or None")
@@ -255,15 +254,10 @@ def custom_op_from_source(
             namespace[function_node.name] = previous
         raise
     namespace[function_node.name] = op
-    result = CustomOpResult(op, qualname, function_node.name, notes)
-    if check is not None:
-        result.checks = _run_check(op, check, namespace, filename)
-    return result
+    return CustomOpResult(op, qualname, function_node.name, notes)
 
 
-def _check_arguments(
-    source: Any, name: Any, namespace: Any, filename: Any, schema: Any, check: Any
-) -> None:
+def _check_arguments(source: Any, name: Any, namespace: Any, filename: Any, schema: Any) -> None:
     """Arguments of :func:`custom_op_from_source` of the wrong type, named."""
     expected = (
         ("source", source, str, "the cell's Python source"),
@@ -271,7 +265,6 @@ def _check_arguments(
         ("namespace", namespace, (dict, type(None)), "a dict or None"),
         ("filename", filename, (str, type(None)), "a str or None"),
         ("schema", schema, (str, type(None)), "a str such as '(Tensor x) -> Tensor', or None"),
-        ("check", check, (str, type(None)), "a Python expression (str) or None"),
     )
     for what, value, kind, takes in expected:
         if not isinstance(value, kind):
@@ -599,13 +592,17 @@ def _infer_schema(
 
 
 def _replacement_notes(qualname: str) -> tuple[str, ...]:
-    """What re-defining the operator replaces, when it was defined before."""
+    """What re-defining the operator replaces, when it was defined before: the cell whose
+    definition it is, as the session names it, else where its function was written."""
     opdef = custom_op_state.custom_op_def(qualname)
     if opdef is None:
         return ()
+    session = active_session()
+    where = session.definition_site(qualname) if session is not None else None
     code = getattr(opdef._init_fn, "__code__", None)
-    where = f" from {label_location(code.co_filename, code.co_firstlineno)}" if code else ""
-    return (f"replaces the previous {qualname}{where}",)
+    if where is None and code is not None:
+        where = label_location(code.co_filename, code.co_firstlineno)
+    return (f"replaces the previous {qualname}" + (f" from {where}" if where else ""),)
 
 
 def _make_op(
@@ -677,22 +674,6 @@ def _reported(filename: str, line: int) -> Iterator[None]:
             filename=filename,
             line=line,
         ) from error
-
-
-def _run_check(op: Any, check: str, namespace: dict[str, Any], filename: str) -> CheckReport:
-    """Evaluate the sample-argument expression and run the checks."""
-    try:
-        value = eval(check, namespace)
-    except Exception as error:
-        raise CellSourceError(
-            f"{label_location(filename, 1)}: --check {check!r} failed: "
-            f"{type(error).__name__}: {error}. Give a Python expression for the sample "
-            "arguments, e.g. --check 'torch.randn(3),'.",
-            filename=filename,
-            line=1,
-        ) from error
-    args = value if isinstance(value, tuple) else (value,)
-    return check_op(op, args)
 
 
 def _caller_line(filename: str) -> int:

@@ -3,8 +3,10 @@
 An :class:`Option` is an argparse argument as data. A bundle (a tuple of options) is
 applied to a magic with :func:`with_options`, as IPython's ``script_args`` does, or to an
 argparse parser with :func:`add_options`: ``%%torch_library`` and ``%%cuda_kernel`` share
-:data:`BUILD_OPTIONS`, the three cell magics :data:`COMPARE_OPTIONS`; ``%dispatch`` and the
-CLI's ``resolve`` share :data:`CONTEXT_OPTIONS`.
+:data:`BUILD_OPTIONS`, the three cell magics :data:`COMPARE_OPTIONS`; ``%dispatch``,
+``%%trace`` and the CLI's ``resolve`` share :data:`CONTEXT_OPTIONS`; ``%kernels`` and the
+CLI's ``kernels`` share :data:`KERNELS_OPTIONS`. The values of options are read here too:
+:func:`evaluate` (a Python expression) and :func:`names` (a comma-separated list).
 """
 
 from __future__ import annotations
@@ -162,6 +164,26 @@ def without_comment(line: str) -> str:
     return line
 
 
+def evaluate(expression: str, namespace: dict[str, Any], what: str) -> Any:
+    """The value of a user's expression (an option's value, a call's argument) in
+    ``namespace``; one that does not evaluate is a UsageError naming ``what`` and the error."""
+    from IPython.core.error import UsageError
+
+    try:
+        return eval(expression, namespace)
+    except Exception as error:  # the user's expression: a bad magic line
+        raise UsageError(
+            f"could not evaluate {what} {expression!r}: {type(error).__name__}: {error}"
+        ) from error
+
+
+def names(values: str | list[str] | None) -> list[str]:
+    """The names of a list option, as words or comma-separated: ``["float32", "float16"]``
+    from ``"float32, float16"`` or ``["float32", "float16"]`` or ``["float32,float16"]``."""
+    words = [values] if isinstance(values, str) else values or []
+    return [name.strip() for word in words for name in word.split(",") if name.strip()]
+
+
 def joined(values: list[str] | str | None) -> str:
     """The words of a repeatable option (``--cflags A --cflags B``) as one flags string."""
     if values is None:
@@ -209,6 +231,67 @@ def call_context(options: argparse.Namespace) -> CallContext:
         fake=options.fake,
         logging=options.logging_mode,
     )
+
+
+# ---------------------------------------------------------------- kernels per dispatch key
+
+KERNELS_OPTIONS: tuple[Option, ...] = (  # of %kernels and `python -m opmagic kernels`
+    Option(
+        ("ns",),
+        {"nargs": "?", "metavar": "NS", "help": "only operators of this namespace, e.g. aten"},
+    ),
+    Option(("-n", "--namespace"), {"metavar": "NS", "help": "the same as NS"}),
+    Option(
+        ("-k", "--key"),
+        {
+            "action": "append",
+            "help": "a runtime key to show (repeat for several; 'all' for every key)",
+        },
+    ),
+    Option(
+        ("-m", "--missing"),
+        {
+            "metavar": "KEY",
+            "help": "only operators without a kernel of their own for KEY (e.g. Meta)",
+        },
+    ),
+    Option(
+        ("--wide",),
+        {
+            "dest": "long",
+            "action": "store_false",
+            "default": False,
+            "help": "a row per operator, a column per key (the default)",
+        },
+    ),
+    Option(
+        ("--long",),
+        {
+            "action": "store_true",
+            "default": False,
+            "help": "a row per (operator, key) kernel with its source, instead of operators x keys",
+        },
+    ),
+)
+
+
+def kernels_keywords(options: argparse.Namespace) -> dict[str, Any]:
+    """``opmagic.kernels`` arguments from parsed :data:`KERNELS_OPTIONS`."""
+    if options.ns and options.namespace and options.ns != options.namespace:
+        from IPython.core.error import UsageError
+
+        raise UsageError(
+            f"two namespaces, {options.ns!r} and --namespace {options.namespace!r}: give one."
+        )
+    keys = None
+    if options.key:
+        keys = "all" if options.key == ["all"] else options.key
+    return {
+        "namespace": options.ns or options.namespace,
+        "keys": keys,
+        "wide": not options.long,
+        "missing": options.missing,
+    }
 
 
 # ---------------------------------------------------------------- comparing a cell's op

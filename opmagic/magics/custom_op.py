@@ -2,27 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.custom_op import CustomOpResult, custom_op_from_source
-from ..errors import OpmagicError
-from .arguments import COMPARE_OPTIONS, parse_options, with_options
+from ..verify import CheckReport, check_op
+from .arguments import COMPARE_OPTIONS, evaluate, names, parse_options, with_options
 from .compare import compare_cell
+from .context import magic_context
 from .session import running_cell_number
-
-
-def _names(text: str) -> tuple[str, ...]:
-    """``"x, y"`` -> ``("x", "y")``."""
-    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def _tags(text: str) -> tuple[torch.Tag, ...]:
     """torch.Tag members from their names."""
     tags = []
-    for name in _names(text):
+    for name in names(text):
         tag = getattr(torch.Tag, name, None)
         if not isinstance(tag, torch.Tag):
             known = ", ".join(sorted(n for n in dir(torch.Tag) if not n.startswith("_")))
@@ -103,25 +102,30 @@ class CustomOpMagics(Magics):
             def _(x):
                 return torch.empty_like(x)
         """
-        args = parse_options(self.custom_op, line)
-        mutates = args.mutates_args
-        device_types = args.device_types
-        devices = _names(device_types) if device_types is not None else None
-        source = f"# %%custom_op {line}\n{cell}"
         shell = self.shell
-        filename = shell.compile.cache(source, running_cell_number(shell), raw_code=source)
-        try:
+        with magic_context("%%custom_op"):
+            args = parse_options(self.custom_op, line)
+            mutates = args.mutates_args
+            devices = names(args.device_types) if args.device_types is not None else None
+            source = f"# %%custom_op {line}\n{cell}"
+            filename = shell.compile.cache(source, running_cell_number(shell), raw_code=source)
             result = custom_op_from_source(
                 source,
                 args.name,
-                mutates_args="unknown" if mutates.strip() == "unknown" else _names(mutates),
+                mutates_args="unknown" if mutates.strip() == "unknown" else names(mutates),
                 device_types=devices[0] if devices and len(devices) == 1 else devices,
                 schema=args.schema,
                 tags=_tags(args.tags),
                 namespace=shell.user_ns,
                 filename=filename,
-                check=args.check,
             )
-        except OpmagicError as error:
-            raise UsageError(f"%%custom_op {args.name}: {error}") from error
-        return compare_cell(shell, args.compare, result, f"%%custom_op {args.name}")
+            if args.check is not None:
+                result = dataclasses.replace(result, checks=_check(result, args.check, shell))
+        return compare_cell(shell, args.compare, result, "%%custom_op")
+
+
+def _check(result: CustomOpResult, expression: str, shell: Any) -> CheckReport:
+    """``--check EXPR``: the checks of the cell's op with the sample arguments EXPR gives
+    (a tuple is the argument list)."""
+    value = evaluate(expression, shell.user_ns, "--check")
+    return check_op(result.op, value if isinstance(value, tuple) else (value,))

@@ -56,6 +56,7 @@ class LoadedLibrary(Displayable):
     build: BuildInfo
     load_seconds: float  # mapping, registering and comparing the dispatcher
     _registration: Registration = field(repr=False)
+    notes: tuple[str, ...] = ()  # what loading it replaced, for its display
 
     @property
     def closed(self) -> bool:

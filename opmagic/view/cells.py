@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from html import escape
 
-from ..cells.checks import CheckReport
 from ..cells.custom_op import CustomOpResult
 from ..cells.session import SessionReport
 from ..dispatch.table import DispatchTable
 from ..display import renders
+from ..verify.checks import CheckReport
 from .html import html_rows, table_html
 from .style import KIND_COLOURS, STATUS_COLOURS, styled
 from .text import aligned, fitted, grouped_entries, joined

@@ -63,7 +63,7 @@ def _overrides(kernel: NewKernel) -> str:
 @renders(LoadedLibrary, "text")
 def library_text(library: LoadedLibrary) -> str:
     """What the library registered: operators, kernels per key, then each operator's table."""
-    lines = fitted([build_summary(library)])
+    lines = fitted([build_summary(library), *(f"  note: {note}" for note in library.notes)])
     if library.operators:
         lines.append("new operators:")
         lines += aligned([(op.schema, library.where(op.line)) for op in library.operators])
@@ -88,6 +88,7 @@ def library_text(library: LoadedLibrary) -> str:
 def library_html(library: LoadedLibrary) -> str:
     """The same as :func:`library_text`, as HTML tables (dispatch tables included)."""
     parts = [f"<b>{escape(build_summary(library))}</b>"]
+    parts += [f'<div class="dim">note: {escape(note)}</div>' for note in library.notes]
     if library.operators:
         rows = "".join(
             f"<tr><td>{escape(op.schema)}</td><td>{escape(library.where(op.line))}</td></tr>"

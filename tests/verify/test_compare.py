@@ -18,9 +18,15 @@ import torch.nn.functional as F
 from torch.utils import benchmark
 
 import opmagic
-from opmagic.cells import compare as compare_module
-from opmagic.cells.compare import Comparison, SweepProgress, callable_name, compare
 from opmagic.errors import CompareError
+from opmagic.verify.compare import (
+    Comparison,
+    SweepProgress,
+    callable_name,
+    compare,
+    progress,
+    timing,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = 0.002  # min_run_time: the tests check where timings come from, not their values
@@ -235,10 +241,10 @@ def test_the_clock_synchronises_cuda_before_every_reading(monkeypatch) -> None:
     # no GPU here: torch.cuda.synchronize is replaced by a recorder (the one mock of this file)
     synchronised: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "synchronize", synchronised.append)
-    clock = compare_module._clock(torch.device("cuda", 1))
+    clock = timing.clock(torch.device("cuda", 1))
     first, second = clock(), clock()
     assert second >= first and synchronised == [torch.device("cuda", 1)] * 2
-    assert compare_module._clock(torch.device("cpu")) is timeit.default_timer
+    assert timing.clock(torch.device("cpu")) is timeit.default_timer
 
 
 def test_an_interrupted_sweep_keeps_the_rows_measured_so_far(ops) -> None:
@@ -312,7 +318,7 @@ def test_progress_is_reported_per_case_and_shown_only_for_long_sweeps(
     ]
     run(ops.exact_add, torch.add, progress=True)  # far below PROGRESS_DELAY_S: no bar
     assert capsys.readouterr().err == ""
-    monkeypatch.setattr(compare_module, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(progress, "PROGRESS_DELAY_S", 0.0)
     run(ops.exact_add, torch.add, progress=True)
     assert capsys.readouterr().err.startswith("compare: 2 cases in ")  # stderr is no tty
 

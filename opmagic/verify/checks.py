@@ -14,6 +14,7 @@ from ..dispatch.resolve.binding import select_overload
 from ..dispatch.torch_functions import unbind
 from ..display import Displayable
 from ..errors import ArgumentTypeError
+from .values import describe_arguments, first_line
 
 
 @dataclass(frozen=True)
@@ -83,32 +84,13 @@ def check_op(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None)
     return CheckReport(name, describe_arguments(args, kwargs), tuple(rows))
 
 
-def describe_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-    """Short descriptions of sample arguments (tensors by dtype and shape)."""
-    parts = [describe_value(value) for value in args]
-    parts += [f"{name}={describe_value(value)}" for name, value in kwargs.items()]
-    return "(" + ", ".join(parts) + ")"
-
-
-def describe_value(value: Any) -> str:
-    """A value in a few characters: tensors by dtype and shape (``float32[3]``)."""
-    if isinstance(value, torch.Tensor):
-        dtype = str(value.dtype).removeprefix("torch.")
-        grad = ", requires_grad" if value.requires_grad else ""
-        device = "" if value.device.type == "cpu" else f", {value.device}"
-        return f"{dtype}{list(value.shape)}{device}{grad}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(describe_value(v) for v in value) + "]"
-    return repr(value)
-
-
 def _opcheck_row(name: str, outcome: Any) -> CheckRow:
     """A row from one of opcheck's outcomes: ``"SUCCESS"``, a skip reason or an exception."""
     if outcome == "SUCCESS":
         return CheckRow(name, "pass", "")
     if isinstance(outcome, str):
         return CheckRow(name, "skip", outcome)
-    return CheckRow(name, "FAIL", _first_line(outcome))
+    return CheckRow(name, "FAIL", first_line(outcome))
 
 
 def _gradcheck(op: Any, args: tuple, kwargs: dict[str, Any]) -> CheckRow:
@@ -119,7 +101,7 @@ def _gradcheck(op: Any, args: tuple, kwargs: dict[str, Any]) -> CheckRow:
     try:
         torch.autograd.gradcheck(lambda *xs: op(*xs, **kwargs), tuple(inputs))
     except Exception as error:
-        return CheckRow("gradcheck", "FAIL", _first_line(error))
+        return CheckRow("gradcheck", "FAIL", first_line(error))
     return CheckRow("gradcheck", "pass", "")
 
 
@@ -128,9 +110,3 @@ def _as_grad_input(value: Any) -> Any:
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value.detach().to(torch.float64).requires_grad_(True)
     return value
-
-
-def _first_line(error: BaseException) -> str:
-    """``Type: first line of the message``, to fit a table cell."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
