@@ -127,7 +127,8 @@ def test_a_registration_error_names_the_cell_line_and_keeps_the_previous_version
     with capture_output() as captured:
         result = shell.run_cell(f"%%torch_library\n{duplicate}", cell_id="mg-reg")
     assert isinstance(result.error_in_exec, RegistrationError)
-    assert ", line 5: Tried to register an operator (mg_reg::scale" in captured.stdout
+    shown = " ".join(captured.stdout.split())  # wrapped to the terminal's width
+    assert ", line 5: Tried to register an operator (mg_reg::scale" in shown
     assert shell.run_cell("torch.ops.mg_reg.scale(torch.ones(1)).item()").result == 2.0
 
 
