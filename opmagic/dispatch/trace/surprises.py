@@ -17,7 +17,7 @@ from ..._torch import custom_op_state, dispatcher
 from ...errors import OpmagicError
 from ..ops import op_ref
 from ..sites import parse_site
-from ..table import OperatorTable
+from ..table import classify, parse_computed_table
 from .arguments import TensorInfo, short_value
 from .result import Surprise, Surprises, TracedCall, walk_all
 
@@ -198,25 +198,36 @@ def _custom_op_gaps(ops: set[str]) -> Iterator[tuple[str, str, str]]:
 
 def _support(op: str) -> tuple[bool, bool] | None:
     """``(has a fake impl, has autograd)`` of a custom operator, from its custom-op parts or
-    its Meta and AutogradCPU entries; ``None`` when the traced code unregistered it."""
+    its Meta and AutogradCPU kernels; ``None`` when the traced code unregistered it."""
     qualname = op.partition(".")[0]
     opdef = custom_op_state.custom_op_def(qualname)
     try:
         ref = op_ref(op)
-        if opdef is not None:
-            parts = custom_op_state.custom_op_parts(opdef)
-            fake = parts["fake"] is not None or custom_op_state.custom_op_can_fake_trivially(
-                ref.op_overload()
-            )
-            return fake, parts["backward"] is not None
-        table = OperatorTable(ref)
     except OpmagicError:
         return None
-    meta = table.entry("Meta")
-    fake = (meta.kind in ("kernel", "alias") and not meta.is_fallback) or (
+    if opdef is not None:
+        parts = custom_op_state.custom_op_parts(opdef)
+        fake = parts["fake"] is not None or custom_op_state.custom_op_can_fake_trivially(
+            ref.op_overload()
+        )
+        return fake, parts["backward"] is not None
+    kinds = _kinds(ref.dispatcher_name, ("Meta", "AutogradCPU"))
+    fake = kinds["Meta"] in ("kernel", "alias") or (
         custom_op_state.registered_fake_impl(qualname) is not None
     )
-    return fake, table.entry("AutogradCPU").kind not in ("fallback", "missing")
+    return fake, kinds["AutogradCPU"] not in ("fallback", "missing")
+
+
+def _kinds(name: str, keys: tuple[str, ...]) -> dict[str, str]:
+    """The ``TableEntry.kind`` of a few keys of an operator's table, parsing only those (a
+    trace's surprises are worked out as it finishes: the whole table would cost more)."""
+    computed = parse_computed_table(dispatcher.dump_table(name), only=frozenset(keys))
+    return {
+        key: classify(*computed[key][1:], computed[key][0], lambda: None)[0]
+        if key in computed
+        else "missing"
+        for key in keys
+    }
 
 
 @functools.lru_cache(maxsize=4096)
