@@ -98,9 +98,7 @@ class TracedCall(Displayable):
 
     def walk(self) -> Iterator[TracedCall]:
         """This call, then every call under it, depth-first."""
-        yield self
-        for child in self.children:
-            yield from child.walk()
+        return walk_all((self,))
 
 
 @dataclass(frozen=True)
@@ -171,6 +169,10 @@ class Trace(Displayable):
 
 
 def walk_all(calls: tuple[TracedCall, ...]) -> Iterator[TracedCall]:
-    """Every call of ``calls`` and under them, depth-first."""
-    for call in calls:
-        yield from call.walk()
+    """Every call of ``calls`` and under them, depth-first (a stack, not nested generators:
+    traces are walked as they finish and as they are shown)."""
+    stack = list(reversed(calls))
+    while stack:
+        call = stack.pop()
+        yield call
+        stack.extend(reversed(call.children))

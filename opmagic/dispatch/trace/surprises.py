@@ -64,13 +64,15 @@ def find_surprises(calls: tuple[TracedCall, ...]) -> Surprises:
     """What in the call trees ``calls`` deserves a second look, one entry per (kind, op) with
     how many calls showed it, most consequential kinds first."""
     found: dict[tuple[str, str], list] = {}  # (kind, op) -> [count, detail, called ops]
+    ops: dict[str, None] = {}
     for call in walk_all(calls):
+        ops[call.op] = None
         for kind, detail in _call_surprises(call):
             entry = found.setdefault((kind, call.op), [0, detail, {}])
             entry[0] += 1
             if kind == "decomposed":
                 entry[2].update(dict.fromkeys(c.op for c in _decomposition(call)))
-    for op, kind, detail in _custom_op_gaps({call.op for call in walk_all(calls)}):
+    for op, kind, detail in _custom_op_gaps(set(ops)):
         found[(kind, op)] = [1, detail, {}]
     items = []
     for (kind, op), (count, detail, called) in found.items():
@@ -84,19 +86,19 @@ def find_surprises(calls: tuple[TracedCall, ...]) -> Surprises:
 def _call_surprises(call: TracedCall) -> Iterator[tuple[str, str]]:
     """The surprises one call shows on its own path. Decompositions are reported for the
     calls the traced code made itself and for custom operators; torch's own kernels call
-    composite operators all the time."""
-    devices = {a.device for a in _tensor_infos(call.arguments)}
+    composite operators all the time. Arguments are read only where a surprise needs them
+    (every trace pays for this when it finishes)."""
     custom = _is_custom(call.op)
     for step in call.steps:
         entry = step.entry
         custom_gap = custom and step.key.startswith("Autograd")  # the custom-op gap says it
         if entry.kind == "fallback" and step.key not in ROUTINE_FALLBACKS and not custom_gap:
-            yield _fallback_surprise(call, step.key, devices)
+            yield _fallback_surprise(call, step.key)
         if entry.kind == "alias" and (call.depth == 0 or custom):
             if entry.alias == "CompositeImplicitAutograd":
                 yield (
                     "decomposed",
-                    f"no {_backend(step.key, devices)} kernel of its own: its "
+                    f"no {_backend(step.key, call)} kernel of its own: its "
                     f"CompositeImplicitAutograd kernel ran (at {step.key})",
                 )
             elif entry.category == "backend" and custom:
@@ -107,20 +109,21 @@ def _call_surprises(call: TracedCall) -> Iterator[tuple[str, str]]:
         if entry.category == "autocast" and step.action == "call":
             casts = [c for c in call.children if c.op in CAST_OPS]
             if casts:
-                dtypes = sorted(
-                    {
-                        short_value(value)
-                        for cast in casts
-                        for value in cast.arguments
-                        if isinstance(value, torch.dtype)
-                    }
-                )
-                yield (
-                    "autocast cast",
-                    f"{step.key} cast {len(casts)} input(s)"
-                    + (f" to {', '.join(dtypes)}" if dtypes else "")
-                    + " before running it",
-                )
+                yield "autocast cast", _casts_detail(step.key, casts)
+
+
+def _casts_detail(key: str, casts: list[TracedCall]) -> str:
+    """``AutocastCPU cast 2 input(s) to bfloat16 before running it``."""
+    dtypes = sorted(
+        {
+            short_value(value)
+            for cast in casts
+            for value in cast.arguments
+            if isinstance(value, torch.dtype)
+        }
+    )
+    into = f" to {', '.join(dtypes)}" if dtypes else ""
+    return f"{key} cast {len(casts)} input(s){into} before running it"
 
 
 def _decomposition(call: TracedCall) -> list[TracedCall]:
@@ -129,16 +132,23 @@ def _decomposition(call: TracedCall) -> list[TracedCall]:
     return [c for c in call.children if not (autocast and c.op in CAST_OPS)]
 
 
-def _backend(key: str, devices: set[str]) -> str:
+def _devices(call: TracedCall) -> set[str]:
+    """The device types of the call's tensor arguments."""
+    return {a.device for a in _tensor_infos(call.arguments)}
+
+
+def _backend(key: str, call: TracedCall) -> str:
     """The backend a call ran for: its key when that is one, else its tensors' device."""
     if not key.startswith("Autograd") and key not in ("Undefined",):
         return key
+    devices = _devices(call)
     if len(devices) == 1:
         return dispatcher.dispatch_key_for_device(next(iter(devices)))
     return key.removeprefix("Autograd") or key
 
 
-def _fallback_surprise(call: TracedCall, key: str, devices: set[str]) -> tuple[str, str]:
+def _fallback_surprise(call: TracedCall, key: str) -> tuple[str, str]:
+    """What a backend fallback that ran at ``key`` means for the call."""
     if key in BATCHING_FALLBACKS:
         return (
             "no batching rule",
@@ -154,7 +164,7 @@ def _fallback_surprise(call: TracedCall, key: str, devices: set[str]) -> tuple[s
         return "fallback", f"the {key} fallback materialised flagged inputs (a copy)"
     if key == "Meta":
         return "fallback", "no Meta kernel: the Meta fallback ran and raised"
-    foreign = sorted(devices - {"cpu", "meta"})
+    foreign = sorted(_devices(call) - {"cpu", "meta"})
     if foreign and any(
         c.path and c.path[-1] == "CPU" for child in call.children for c in child.walk()
     ):
@@ -166,6 +176,7 @@ def _fallback_surprise(call: TracedCall, key: str, devices: set[str]) -> tuple[s
 
 
 def _tensor_infos(values: tuple[Any, ...]) -> Iterator[TensorInfo]:
+    """The TensorInfos among kept arguments, tensor lists included."""
     for value in values:
         if isinstance(value, TensorInfo):
             yield value
