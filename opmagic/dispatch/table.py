@@ -74,6 +74,11 @@ class TableEntry:
     explanation: str  # what the key is for (from the catalogue)
     impl: str | None = None  # the Python function behind the kernel, when opmagic can tell
     is_fallback: bool = False  # the kernel is the key's process-wide backend fallback
+    source: str = field(init=False)  # for display: the function, else the registration site
+
+    def __post_init__(self) -> None:
+        # named now, not when shown: a cell's site label changes as cells re-run or unload
+        object.__setattr__(self, "source", self.impl or label_site(self.site))
 
     @property
     def has_kernel(self) -> bool:
@@ -85,11 +90,6 @@ class TableEntry:
         """Whether the op's own registrations serve this key (not a process-wide fallback or
         fallthrough, not nothing)."""
         return self.kind in OWN_KINDS or (self.kind == "fallthrough" and not self.is_fallback)
-
-    @property
-    def source(self) -> str:
-        """Where the kernel came from, for display: the function, else the registration site."""
-        return self.impl or label_site(self.site)
 
     @property
     def kind_label(self) -> str:
@@ -123,11 +123,10 @@ class Registration:
     site: str
     active: bool  # False when a later registration to the same key overrides it
     signature: str | None = None
+    source: str = field(init=False)  # the site shortened for display, named when read
 
-    @property
-    def source(self) -> str:
-        """Registration site shortened for display."""
-        return label_site(self.site)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", label_site(self.site))
 
 
 @dataclass(frozen=True)
@@ -209,12 +208,7 @@ def dispatch_table(op: Any, *, all_overloads: bool = False) -> DispatchTable | O
 
 def table_for(ref: OpRef) -> DispatchTable:
     """The table of one resolved overload."""
-    table = OperatorTable(ref)
-    entries = [table.entry(info.name) for info in catalogue().runtime]
-    entries.append(table.entry("Undefined"))
-    return DispatchTable(
-        ref.dispatcher_name, table.schema, tuple(entries), tuple(table.registrations)
-    )
+    return OperatorTable(ref).table()
 
 
 class OperatorTable:
@@ -233,6 +227,7 @@ class OperatorTable:
         self._registrations: list[Registration] | None = None
         self._describe = _custom_op_describer(ref.qualname)
         self._entries: dict[str, TableEntry] = {}
+        self._alias_sites: dict[str, str | None] = {}
 
     @property
     def registrations(self) -> list[Registration]:
@@ -243,12 +238,23 @@ class OperatorTable:
             )
         return self._registrations
 
+    def table(self) -> DispatchTable:
+        """Every runtime key's entry (and ``Undefined``'s) as a :class:`DispatchTable`; the
+        entries made already (``resolve``'s path) are the same objects."""
+        entries = [self.entry(info.name) for info in catalogue().runtime]
+        entries.append(self.entry("Undefined"))
+        return DispatchTable(
+            self.ref.dispatcher_name, self.schema, tuple(entries), tuple(self.registrations)
+        )
+
     def alias_site(self, alias: str) -> str | None:
         """The site of the active kernel registered to an alias key, if there is one."""
-        for reg in self.registrations:
-            if reg.active and reg.is_alias and reg.key == alias:
-                return reg.site
-        return None
+        if alias not in self._alias_sites:
+            self._alias_sites[alias] = next(
+                (r.site for r in self.registrations if r.active and r.is_alias and r.key == alias),
+                None,
+            )
+        return self._alias_sites[alias]
 
     def has_alias_kernel(self, alias: str) -> bool:
         """Whether a kernel is registered (and active) for an alias key."""
