@@ -12,7 +12,7 @@ from .errors import OpmagicError
 from .magics.arguments import CONTEXT_OPTIONS, add_options, call_context
 
 if TYPE_CHECKING:
-    from .view.graph import Diagram
+    from .view.diagram import Diagram
 
 KERNEL_ROWS = 60  # rows `kernels` prints unless --rows says otherwise
 
@@ -101,7 +101,7 @@ def _evaluate(expression: str, what: str) -> Any:
 def _table(options: argparse.Namespace) -> str:
     """``table``: the text form of the op's table(s), and its diagram for ``--svg``."""
     from .dispatch import dispatch_table
-    from .view.text import table_text
+    from .view.table import table_text
 
     result = dispatch_table(options.op)
     tables = getattr(result, "tables", (result,))

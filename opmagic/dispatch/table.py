@@ -21,7 +21,7 @@ from .sites import label_callable, label_site, parse_site
 if TYPE_CHECKING:
     import pandas
 
-    from ..view.graph import Diagram
+    from ..view.diagram import Diagram
 
 KINDS = (
     "kernel",

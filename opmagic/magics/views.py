@@ -16,8 +16,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..dispatch import Resolution, kernels
 from ..errors import OpmagicError
+from ..view.diagram import Diagram
 from ..view.frames import KernelsView, kernels_call
-from ..view.graph import Diagram
 from .arguments import CONTEXT_OPTIONS, call_context, parse_options, with_options
 
 _VALUED_OPTIONS = {option.flags[0] for option in CONTEXT_OPTIONS if option.takes_value}

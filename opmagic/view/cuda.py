@@ -9,9 +9,9 @@ from ..display import renders
 from ..native.cuda.nvrtc import CudaKernels
 from ..native.cuda.toolkit import gpu_unavailable_reason
 from .cells import own_kernel_rows
-from .html import html_rows, table_html
+from .layout import aligned, html_rows, joined
 from .style import styled
-from .text import aligned, joined
+from .table import table_html
 
 
 def _summary(kernels: CudaKernels) -> str:

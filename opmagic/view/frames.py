@@ -1,4 +1,5 @@
-"""pandas forms of dispatch facts: styled, folded HTML in notebooks; width-aware text."""
+"""pandas forms of dispatch facts (``kernels()``): styled, folded HTML in notebooks; width-aware
+text. A dispatch table's own DataFrame is drawn by :mod:`.table`."""
 
 from __future__ import annotations
 
@@ -8,30 +9,17 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from ..dispatch.kernels import LONG_COLUMNS as KERNEL_LONG_COLUMNS
-from ..dispatch.table import DispatchTable
 from ..display import Displayable, renders
+from .layout import fitted, joined, more_note, terminal_width
 from .style import KIND_COLOURS, KIND_FILLS, styled
-from .text import fitted, joined, more_note, terminal_width
 
 if TYPE_CHECKING:
     import pandas
     from pandas.io.formats.style import Styler
 
-TABLE_COLUMNS = ["key", "category", "kind", "alias", "source", "site", "explanation"]
 _MIN_NAME = 24  # narrowest operator column of a wide frame's matrix
 SHOWN_ROWS = 20  # rows a notebook or terminal shows before folding the rest
 STYLED_ROWS = 200  # rows a notebook shows styled in all (folded after SHOWN_ROWS)
-
-
-@renders(DispatchTable, "frame")
-def table_frame(table: DispatchTable) -> pandas.DataFrame:
-    """A row per runtime key of the table, in priority order, missing keys included."""
-    import pandas as pd
-
-    rows = [
-        (e.key, e.category, e.kind, e.alias, e.source, e.site, e.explanation) for e in table.entries
-    ]
-    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
 def style_kinds(frame: pandas.DataFrame) -> Styler:

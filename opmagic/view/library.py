@@ -18,8 +18,8 @@ from ..native.diagnostics import (
     where,
 )
 from ..native.library import LoadedLibrary
+from .layout import aligned, fitted
 from .style import FAIL_COLOUR, FAIL_FILL, styled
-from .text import aligned, fitted
 
 if TYPE_CHECKING:
     from ..native.snapshots import NewKernel

@@ -18,7 +18,7 @@ import graphviz
 
 from ..dispatch.trace import Surprises, Trace, TracedCall
 from ..display import renders
-from .graph import Diagram, dot_label
+from .diagram import Diagram, dot_label
 from .style import FAIL_COLOUR, KIND_COLOURS, KIND_FILLS, styled
 
 if TYPE_CHECKING:

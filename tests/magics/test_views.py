@@ -11,8 +11,8 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from opmagic import Resolution
 from opmagic.magics.views import split_options
+from opmagic.view.diagram import Diagram
 from opmagic.view.frames import KernelsView
-from opmagic.view.graph import Diagram
 
 
 @torch.library.custom_op("opmagic_magics::scale", mutates_args=())
