@@ -3,6 +3,7 @@ text. A dispatch table's own DataFrame is drawn by :mod:`.table`."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -24,7 +25,8 @@ STYLED_ROWS = 200  # rows a notebook shows styled in all (folded after SHOWN_ROW
 
 def style_kinds(frame: pandas.DataFrame) -> Styler:
     """Colour the cells that name a kernel kind (``kernel``, ``alias:...``, ``missing``, ...):
-    the ``kind`` column of a long frame, every cell of a wide one."""
+    the ``kind`` column of a long frame, every cell of a wide one. The cells' CSS ids come
+    from the rows, not from pandas' random ones: the same frame shows the same HTML."""
 
     def colour(value: Any) -> str:
         """The CSS of one cell: the kind's colours, or nothing for other values."""
@@ -33,7 +35,9 @@ def style_kinds(frame: pandas.DataFrame) -> Styler:
             return ""
         return f"background-color: {KIND_FILLS[kind]}; color: {KIND_COLOURS[kind]}"
 
-    return frame.style.map(colour, subset=["kind"] if "kind" in frame.columns else None)
+    rows_id = hashlib.blake2b(frame.to_csv().encode(), digest_size=6).hexdigest()
+    styler = frame.style.set_uuid(f"opmagic{rows_id}")
+    return styler.map(colour, subset=["kind"] if "kind" in frame.columns else None)
 
 
 @dataclass(frozen=True)
