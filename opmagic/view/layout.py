@@ -83,6 +83,24 @@ def fitted(lines: Sequence[str], width: int | None = None) -> list[str]:
     return out
 
 
+def wrap(text: str, width: int) -> list[str]:
+    """``textwrap.wrap(text, width)``, the same lines, at a fraction of its cost for plain
+    single-spaced text without hyphens (a trace's headline and surprises, shown once per
+    trace: showing one must not cost more than recording it)."""
+    words = text.split(" ")
+    plain = text.isprintable() and "-" not in text and all(words)
+    if not plain or max(map(len, words)) > width:
+        return textwrap.wrap(text, width)
+    lines, line = [], words[0]
+    for word in words[1:]:
+        if len(line) + 1 + len(word) <= width:
+            line += " " + word
+        else:
+            lines.append(line)
+            line = word
+    return [*lines, line]
+
+
 def joined(*parts: str) -> str:
     """The non-empty parts, ``·``-separated: one cell for what would not fit as columns."""
     return " · ".join(part for part in parts if part)

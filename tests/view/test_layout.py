@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from opmagic.view.layout import aligned, fitted, more_note
+import textwrap
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from opmagic.view.layout import aligned, fitted, more_note, wrap
 
 
 def test_aligned_puts_what_does_not_fit_below_its_row():
@@ -31,3 +36,14 @@ def test_fitted_and_the_fold_note():
     assert " ".join(" ".join(note).split()) == (
         "... 1,214 more rows (1,234 in all); all of them: python -m opmagic kernels --rows all"
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.lists(st.text("ab:.(", min_size=1, max_size=12), max_size=10).map(" ".join)
+    | st.text(st.sampled_from("ab:.()/- \t\n"), max_size=60),
+    width=st.integers(min_value=1, max_value=30),
+)
+def test_wrap_gives_textwraps_lines(text: str, width: int) -> None:
+    """The fast path for plain text and textwrap's own for the rest: the same lines."""
+    assert wrap(text, width) == textwrap.wrap(text, width)

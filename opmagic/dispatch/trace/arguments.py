@@ -116,18 +116,17 @@ def logged_arguments(info: OpInfo, logged: Any) -> tuple[Any, ...]:
     if isinstance(logged, Summarised):
         return tuple(logged)
     kinds, values = logged
-    arguments = call_arguments(
+    return call_arguments(
         info,
         tuple(
             _logged_tensor(value)
             if kind == "t"
             else tuple(_logged_tensor(v) for v in value)
             if kind == "l"
-            else value
+            else _summary(value)
             for kind, value in zip(kinds, values, strict=True)
         ),
     )
-    return summaries(arguments)
 
 
 def _logged_tensor(logged: tuple[Any, ...] | None) -> TensorInfo | None:

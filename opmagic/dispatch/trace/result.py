@@ -50,7 +50,7 @@ class TracedCall(Displayable):
         """The operator's schema arguments (name, type, default), in order."""
         return () if self._log is None else self._log[0].parameters
 
-    @property
+    @functools.cached_property
     def path(self) -> tuple[str, ...]:
         """The runtime keys whose kernels ran, in order (as ``Resolution.path``)."""
         return tuple(s.key for s in self.steps if s.entry.kind not in ("missing", "ambiguous"))
@@ -82,7 +82,7 @@ class TracedCall(Displayable):
         """Where the kernel that ended the path came from (function or registration site)."""
         return self.kernel.source if self.kernel is not None else ""
 
-    @property
+    @functools.cached_property
     def inputs(self) -> str:
         """The arguments in short: tensors as ``f32[2,3]``, others as ``name=value`` when they
         differ from the schema's default."""
