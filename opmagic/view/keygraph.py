@@ -253,6 +253,7 @@ class KeyGraph:
         self.styles: list[str] = []  # legend entries: the styles drawn
 
     def _use(self, style: str) -> None:
+        """Remember that ``style`` is drawn, for the legend."""
         if style not in self.styles:
             self.styles.append(style)
 

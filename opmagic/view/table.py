@@ -36,6 +36,7 @@ class EntryGroup:
 
     @property
     def first(self) -> TableEntry:
+        """The highest-priority entry: the one the row describes."""
         return self.entries[0]
 
     @property
@@ -45,6 +46,7 @@ class EntryGroup:
 
     @property
     def kind_label(self) -> str:
+        """How the row's keys are served: ``kernel``, ``via Autograd``, ..."""
         return self.first.kind_label
 
 

@@ -156,6 +156,7 @@ class _Recording:
         self.started_ns = 0
 
     def start(self) -> None:
+        """Start the observer on this thread (refused inside another trace)."""
         if op_observer.running():
             raise OpmagicError(
                 "opmagic.trace is already tracing on this thread: a trace cannot run inside "
@@ -165,6 +166,8 @@ class _Recording:
         self.started_ns = time.perf_counter_ns()
 
     def finish(self, exception: BaseException | None, value: Any = NO_RESULT) -> Trace:
+        """Stop the observer and build the :class:`Trace`: the call tree, the failures named,
+        the surprises worked out."""
         ended = time.perf_counter_ns()
         ops, events, failure = op_observer.stop()
         if failure is not None:
