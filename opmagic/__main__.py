@@ -23,7 +23,7 @@ from .magics.arguments import (
 )
 
 if TYPE_CHECKING:
-    from .view.graph import Diagram
+    from .view.diagram import Diagram
 
 KERNEL_ROWS = 60  # rows `kernels` prints unless --rows says otherwise
 
@@ -111,7 +111,7 @@ def _write_svg(path: str | None, diagram: Diagram) -> None:
 def _table(options: argparse.Namespace) -> str:
     """``table``: the text form of the op's table(s), and its diagram for ``--svg``."""
     from .dispatch import dispatch_table
-    from .view.text import table_text
+    from .view.table import table_text
 
     result = dispatch_table(options.op)
     tables = getattr(result, "tables", (result,))

@@ -250,6 +250,6 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
     )
     assert len(_private_torch_uses(source)) == 3
     assert _strongly_connected({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
-    assert room_of("opmagic.view.graph") > room_of("opmagic.dispatch.table")
+    assert room_of("opmagic.view.table") > room_of("opmagic.dispatch.table")
     rooms = ["opmagic.cells.session", "opmagic.verify.checks", "opmagic.package.layout"]
     assert [room_of(m) for m in [*rooms, "opmagic.view.compare"]] == [4, 5, 6, 7]

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import functools
 import inspect
 import linecache
 import re
@@ -70,36 +69,35 @@ class KernelRow:
 
 @dataclass(eq=False)
 class CustomOpResult(Displayable):
-    """What ``%%custom_op`` made: the op, its kernels per key, its dispatch table, and the
-    report of ``--check`` (a :class:`~opmagic.CheckReport`, which ``%%custom_op`` adds)."""
+    """What ``%%custom_op`` made: the op, its kernels per key, its dispatch table, checks.
+
+    The schema, the table and the kernels are read when the result is made: the summary
+    shows the op as this cell made it, even once a later cell redefines it.
+    """
 
     op: Any  # the CustomOpDef, also bound in the namespace under ``function``
     qualname: str
     function: str
     notes: tuple[str, ...] = ()
-    checks: Displayable | None = None
+    checks: Displayable | None = None  # the report of --check, which %%custom_op adds
+    table: DispatchTable = field(init=False, repr=False)  # read from the dispatcher
+    kernels: tuple[KernelRow, ...] = field(init=False, repr=False)  # what serves each key
+
+    def __post_init__(self) -> None:
+        table = dispatch_table(self.op)
+        assert isinstance(table, DispatchTable)
+        self.table = table
+        self.kernels = tuple(custom_op_kernels(self.op, table))
 
     @property
     def schema(self) -> str:
         """The operator's schema, e.g. ``mylib::numpy_sin(Tensor x) -> Tensor``."""
-        return str(self.op._opoverload._schema)
+        return self.table.schema
 
     @property
     def dotted(self) -> str:
         """``mylib.numpy_sin``, the ``torch.ops`` spelling."""
         return self.qualname.replace("::", ".")
-
-    @functools.cached_property
-    def kernels(self) -> tuple[KernelRow, ...]:
-        """What serves each key the op's definition and companions registered."""
-        return tuple(custom_op_kernels(self.op, self.table))
-
-    @functools.cached_property
-    def table(self) -> DispatchTable:
-        """The operator's dispatch table, read from the dispatcher."""
-        table = dispatch_table(self.op)
-        assert isinstance(table, DispatchTable)
-        return table
 
 
 @dataclass

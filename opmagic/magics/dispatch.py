@@ -15,7 +15,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..dispatch import Resolution
-from ..view.graph import Diagram
+from ..view.diagram import Diagram
 from .arguments import CONTEXT_OPTIONS, call_context, evaluate, parse_options, with_options
 from .context import magic_context
 

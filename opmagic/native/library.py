@@ -30,7 +30,7 @@ from .registration import Registration, SourceSite, register
 from .snapshots import NewKernel, NewOperator
 
 if TYPE_CHECKING:
-    from ..dispatch.table import DispatchTable
+    from ..dispatch.table import DispatchTable, OverloadTables
     from .cuda.library import CudaBuild
 
 
@@ -57,6 +57,7 @@ class LoadedLibrary(Displayable):
     load_seconds: float  # mapping, registering and comparing the dispatcher
     _registration: Registration = field(repr=False)
     notes: tuple[str, ...] = ()  # what loading it replaced, for its display
+    _tables: tuple[DispatchTable | OverloadTables, ...] = field(default=(), repr=False)
 
     @property
     def closed(self) -> bool:
@@ -79,11 +80,11 @@ class LoadedLibrary(Displayable):
         """A source line as the user sees it: ``cell [3], line 6``."""
         return where(self.label, line, self.first_line)
 
-    def tables(self) -> list[DispatchTable]:
-        """The dispatch table of each operator the library defined."""
-        from ..dispatch.table import dispatch_table
-
-        return [dispatch_table(op.name) for op in self.operators] if not self.closed else []
+    def tables(self) -> list[DispatchTable | OverloadTables]:
+        """The dispatch table of each operator the library defined, as it was when the library
+        was loaded (what its display shows, whatever registrations came since); none once
+        the library is closed. ``opmagic.dispatch_table(name)`` reads one as it is now."""
+        return list(self._tables) if not self.closed else []
 
     def close(self) -> None:
         """Remove every operator and kernel the library registered (idempotent).
@@ -168,6 +169,7 @@ def load_library(
     probe(path, site, previous, options.source)
     native = NativeLibrary(path, built.library_sha256 or None)
     registration = register(native, site, previous)
+    tables = _tables_of(registration.operators)
     return LoadedLibrary(
         name=options.name,
         key=request.key,
@@ -182,4 +184,12 @@ def load_library(
         build=built,
         load_seconds=time.perf_counter() - started,
         _registration=registration,
+        _tables=tables,
     )
+
+
+def _tables_of(operators: tuple[NewOperator, ...]) -> tuple[DispatchTable | OverloadTables, ...]:
+    """The dispatch table of each operator a library defined, read as it loads."""
+    from ..dispatch.table import dispatch_table
+
+    return tuple(dispatch_table(op.name) for op in operators)

@@ -9,9 +9,9 @@ from ..cells.session import SessionReport
 from ..dispatch.table import DispatchTable
 from ..display import renders
 from ..verify.checks import CheckReport
-from .html import html_rows, table_html
+from .layout import aligned, fitted, html_rows, joined
 from .style import KIND_COLOURS, STATUS_COLOURS, styled
-from .text import aligned, fitted, grouped_entries, joined
+from .table import grouped_entries, table_html
 
 
 @renders(CustomOpResult, "text")

@@ -21,9 +21,8 @@ from ..dispatch.diff import (
 from ..dispatch.diff.labels import entry_text
 from ..dispatch.diff.result import FRAME_COLUMNS
 from ..display import renders
-from .html import html_rows
+from .layout import aligned, fitted, html_rows, more_note
 from .style import styled
-from .text import aligned, fitted, more_note
 
 if TYPE_CHECKING:
     import pandas

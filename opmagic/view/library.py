@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from html import escape
 from typing import TYPE_CHECKING
 
-from ..dispatch.sites import label_site, shorten_path
+from ..dispatch.sites import shorten_path
 from ..display import renders
 from ..errors import CompileError
 from ..native.diagnostics import (
@@ -18,8 +18,8 @@ from ..native.diagnostics import (
     where,
 )
 from ..native.library import LoadedLibrary
+from .layout import aligned, fitted
 from .style import FAIL_COLOUR, FAIL_FILL, styled
-from .text import aligned, fitted
 
 if TYPE_CHECKING:
     from ..native.snapshots import NewKernel
@@ -57,7 +57,7 @@ def _kernels_by_key(kernels: tuple[NewKernel, ...]) -> Iterator[tuple[str, list[
 
 def _overrides(kernel: NewKernel) -> str:
     """``overrides aten/src/ATen/RegisterCPU.cpp:12`` when the kernel replaced another."""
-    return f"overrides {label_site(kernel.overrides)}" if kernel.overrides else ""
+    return f"overrides {kernel.overrides_source}" if kernel.overrides else ""
 
 
 @renders(LoadedLibrary, "text")

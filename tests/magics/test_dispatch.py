@@ -10,7 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from opmagic import Resolution
 from opmagic.errors import ArgumentsMismatchError, NotAnOperatorError, OpmagicError
 from opmagic.magics.dispatch import split_options
-from opmagic.view.graph import Diagram
+from opmagic.view.diagram import Diagram
 
 
 @torch.library.custom_op("opmagic_magics::scale", mutates_args=())

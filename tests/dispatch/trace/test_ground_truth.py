@@ -25,9 +25,9 @@ import torch
 from opmagic import dispatch_table, trace
 from opmagic.dispatch.ops import op_ref
 
-from .ground_truth import CONTEXTS as RESOLVE_CONTEXTS
-from .ground_truth import Context
-from .probes import ProbeOp, make_probe_op, served_by_probe
+from ..ground_truth import CONTEXTS as RESOLVE_CONTEXTS
+from ..ground_truth import Context
+from ..probes import ProbeOp, make_probe_op, served_by_probe
 
 
 class SharedLog:
