@@ -21,9 +21,13 @@ from opmagic import (
     CompileError,
     CudaKernelResult,
     CudaKernels,
+    AffectedCalls,
     CustomOpResult,
+    DispatchDiff,
+    DispatchSnapshot,
     DispatchTable,
     LoadedLibrary,
+    OpTableDiff,
     OverloadTables,
     Resolution,
     SessionReport,
@@ -36,9 +40,11 @@ from opmagic import (
     compile_library,
     cuda_kernel_from_source,
     custom_op_from_source,
+    diff,
     dispatch_table,
     kernels,
     resolve,
+    snapshot,
     trace,
 )
 from opmagic.display import Displayable, renderer_for
@@ -67,6 +73,10 @@ CHECKED = {
     LoadedLibrary: "test_a_compiled_library_and_its_results_survive_an_override_and_close",
     CudaKernels: "test_a_cuda_kernel_cell_result_survives_its_op_being_removed",
     CudaKernelResult: "test_a_cuda_kernel_cell_result_survives_its_op_being_removed",
+    DispatchSnapshot: "test_library_op_results_survive_destroy_and_redefinition",
+    DispatchDiff: "test_library_op_results_survive_destroy_and_redefinition",
+    OpTableDiff: "test_library_op_results_survive_destroy_and_redefinition",
+    AffectedCalls: "test_library_op_results_survive_destroy_and_redefinition",
 }
 NOT_ABOUT_OPERATORS = {CompileError}  # the compiler's output it carries, and nothing else
 
@@ -128,11 +138,13 @@ def _define_scale(library: torch.library.Library, factor: float, meta: bool) -> 
 
 
 def test_library_op_results_survive_destroy_and_redefinition() -> None:
+    before_library = snapshot()
     library = torch.library.Library("snap_lib", "DEF")
     _define_scale(library, 2.0, meta=False)
     op = torch.ops.snap_lib.scale
     x = torch.randn(3)
     traced = trace(lambda v: op(v).sum(), x)
+    changes = diff(before_library)
     results: dict[str, Displayable] = {
         "table": dispatch_table(op.default),
         "overloads": dispatch_table(op, all_overloads=True),
@@ -145,6 +157,10 @@ def test_library_op_results_survive_destroy_and_redefinition() -> None:
         "progress": SweepProgress(1, 2, "case", 0.5),
         "kernels": KernelsView(kernels("snap_lib")),
         "diagram": dispatch_table(op.default).diagram(),
+        "snapshot": before_library,
+        "diff": changes,
+        "op diff": changes.table("snap_lib::scale"),
+        "affected": changes.affected([(op.default, (x,))]),
     }
     before = all_shown(results)
     assert {type(result) for result in results.values()} == _checked_by(
