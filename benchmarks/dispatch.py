@@ -5,14 +5,20 @@
 Targets (issue 2): dispatch_table(op) median <= 5 ms; resolve() of a 2-tensor call median
 <= 1 ms; kernels() over every op <= 0.5 s. Baselines: torch's raw dump calls for one op,
 running the call itself, and dumping + regex-parsing every op's table (the naive way).
+
+The first resolve of a freshly defined operator (a notebook's new op) asks the dispatcher
+for that operator alone; its baseline is the lookup opmagic had before, an index of every
+operator's name rebuilt whenever a name was missing from it, measured in the same run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -46,6 +52,73 @@ def naive_all_tables() -> dict[str, dict[str, tuple[str, ...]]]:
                 rows[match[1]] = match.groups()
         out[name] = rows
     return out
+
+
+class FullIndexLookup:
+    """The baseline operator lookup: overload names of every operator, rebuilt from the
+    dispatcher's whole list when a name is missing or an indexed one went away."""
+
+    def __init__(self) -> None:
+        self.overloads: dict[str, list[str]] = {}
+
+    def refresh(self) -> None:
+        self.overloads = {}
+        for full in dispatcher.all_op_names():
+            qualname, _, overload = full.partition(".")
+            self.overloads.setdefault(qualname, []).append(overload)
+
+    def overload_names(self, qualname: str) -> Iterator[str]:
+        if qualname not in self.overloads:
+            self.refresh()
+        names = self.overloads.get(qualname, [])
+        if names and dispatcher.find_schema(qualname, names[0]) is None:
+            self.refresh()
+        return iter(self.overloads.get(qualname, []))
+
+    def has_operator(self, name: str) -> bool:
+        qualname, _, overload = name.partition(".")
+        return overload in self.overload_names(qualname)
+
+
+@contextlib.contextmanager
+def full_index_lookups() -> Iterator[None]:
+    """Route opmagic's per-operator lookups through the baseline's full index."""
+    index = FullIndexLookup()
+    per_operator = dispatcher.overload_names, dispatcher.has_operator
+    dispatcher.overload_names = index.overload_names
+    dispatcher.has_operator = index.has_operator
+    try:
+        yield
+    finally:
+        dispatcher.overload_names, dispatcher.has_operator = per_operator
+
+
+_fresh_names = itertools.count()
+
+
+def first_resolve_of_a_fresh_op(x: torch.Tensor) -> float:
+    """Seconds of the first ``resolve`` of an operator defined just before (not timed)."""
+    library = torch.library.Library("bench_fresh", "FRAGMENT")
+    name = f"op{next(_fresh_names)}"
+    library.define(f"{name}(Tensor x) -> Tensor")
+    library.impl(name, torch.sin, "CPU")
+    try:
+        start = time.perf_counter()
+        opmagic.resolve(f"bench_fresh::{name}", x)
+        return time.perf_counter() - start
+    finally:
+        library._destroy()
+
+
+def first_resolves(x: torch.Tensor, repeat: int = 60) -> tuple[float, float]:
+    """Median first-resolve time of fresh ops, per-operator lookup and full-index baseline,
+    taken alternately so that both see the same load."""
+    per_operator, full_index = [], []
+    for _ in range(repeat):
+        per_operator.append(first_resolve_of_a_fresh_op(x))
+        with full_index_lookups():
+            full_index.append(first_resolve_of_a_fresh_op(x))
+    return statistics.median(per_operator), statistics.median(full_index)
 
 
 def report(name: str, seconds: float, target: float, baseline_name: str, baseline: float) -> bool:
@@ -83,6 +156,11 @@ def main() -> int:
         called = median_seconds(lambda: torch.ops.aten.mm(x, y), repeat=300)
     results.append(
         report("resolve(aten::mm) under autocast", resolved, 1e-3, "running the call", called)
+    )
+
+    fresh, full_index = first_resolves(y)
+    results.append(
+        report("first resolve of a new op", fresh, 1e-3, "an index of every op's name", full_index)
     )
 
     all_kernels = median_seconds(opmagic.kernels, repeat=5, warmup=1)

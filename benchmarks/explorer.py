@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def measure(renderer: str) -> dict[str, list[float]]:
     """Time every change (ms) in this process with one renderer: first pass and later ones."""
     import opmagic
-    from opmagic.view import render
+    from opmagic.view import diagram
 
     os.environ["OPMAGIC_RENDERER"] = renderer
 
@@ -72,7 +72,7 @@ def measure(renderer: str) -> dict[str, list[float]]:
     later: list[float] = []
     for round_number in range(ROUNDS + 1):
         for _name, widget, value in changes:
-            render._render_cached.cache_clear()
+            diagram._render_cached.cache_clear()
             start = time.perf_counter()
             widget.value = value
             elapsed = (time.perf_counter() - start) * 1000

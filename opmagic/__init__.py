@@ -8,8 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import view  # noqa: F401  (importing it registers the renderers)
-from .cells.checks import CheckReport, CheckRow, check_op
-from .cells.compare import CaseResult, Comparison, Mismatch, SweepProgress, compare
 from .cells.cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
 from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .cells.session import Session, SessionReport, active_session, registration_site
@@ -33,6 +31,14 @@ from .dispatch import (
     trace,
 )
 from .dispatch.contexts import CallContext
+from .dispatch.diff import (
+    AffectedCalls,
+    DispatchDiff,
+    DispatchSnapshot,
+    OpTableDiff,
+    diff,
+    snapshot,
+)
 from .errors import (
     ArgumentsMismatchError,
     ArgumentTypeError,
@@ -67,6 +73,16 @@ from .native import (
     precompile_headers,
 )
 from .native.triton import TritonLaunch
+from .verify import (
+    CaseResult,
+    CheckReport,
+    CheckRow,
+    Comparison,
+    Mismatch,
+    SweepProgress,
+    check_op,
+    compare,
+)
 
 if TYPE_CHECKING:
     from .view.explorer.widgets import Explorer
@@ -98,6 +114,7 @@ def unload_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
+    "AffectedCalls",
     "ArgumentTypeError",
     "ArgumentsMismatchError",
     "BuildError",
@@ -117,6 +134,8 @@ __all__ = [
     "CudaOp",
     "CudaToolkitError",
     "CustomOpResult",
+    "DispatchDiff",
+    "DispatchSnapshot",
     "DispatchTable",
     "ForeignOperatorError",
     "KernelRow",
@@ -126,6 +145,7 @@ __all__ = [
     "Mismatch",
     "NoGPUError",
     "NotAnOperatorError",
+    "OpTableDiff",
     "OperatorNameError",
     "OpmagicError",
     "OverloadTables",
@@ -157,6 +177,7 @@ __all__ = [
     "compile_library",
     "cuda_kernel_from_source",
     "custom_op_from_source",
+    "diff",
     "dispatch_table",
     "explore",
     "kernels",
@@ -165,6 +186,7 @@ __all__ = [
     "registration_site",
     "resolve",
     "runtime_keys",
+    "snapshot",
     "trace",
     "triton_op_from_source",
 ]

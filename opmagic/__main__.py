@@ -1,18 +1,29 @@
-"""``python -m opmagic``: dispatch tables, call resolution and kernels from a terminal."""
+"""``python -m opmagic``: dispatch tables, call resolution, kernels, and what importing a
+module changes in the dispatcher, from a terminal."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from IPython.core.error import UsageError
+
 from .errors import OpmagicError
-from .magics.arguments import CONTEXT_OPTIONS, add_options, call_context
+from .magics.arguments import (
+    CONTEXT_OPTIONS,
+    KERNELS_OPTIONS,
+    add_options,
+    call_context,
+    evaluate,
+    kernels_keywords,
+)
 
 if TYPE_CHECKING:
-    from .view.graph import Diagram
+    from .view.diagram import Diagram
 
 KERNEL_ROWS = 60  # rows `kernels` prints unless --rows says otherwise
 
@@ -49,26 +60,34 @@ def _parser() -> argparse.ArgumentParser:
     _add_svg_argument(resolve)
 
     kernels = commands.add_parser("kernels", help="kernels per dispatch key for many operators")
-    kernels.add_argument("--namespace", "-n", help="only operators of this namespace, e.g. aten")
-    kernels.add_argument(
-        "--key",
-        "-k",
-        action="append",
-        help="a runtime key to show (repeat for several; 'all' for every key)",
-    )
-    kernels.add_argument("--wide", action="store_true", help="a row per operator, a column per key")
-    kernels.add_argument(
-        "--missing",
-        "-m",
-        metavar="KEY",
-        help="only operators without a kernel of their own for KEY (e.g. Meta)",
-    )
+    add_options(kernels, KERNELS_OPTIONS)
     kernels.add_argument(
         "--rows",
         default=str(KERNEL_ROWS),
         type=_rows,
         metavar="N",
         help=f"print the first N rows (default {KERNEL_ROWS}), or 'all'",
+    )
+
+    diff = commands.add_parser(
+        "diff",
+        help="what importing modules (or running code) changes in the dispatcher, against "
+        "this fresh interpreter's state after `import torch`",
+    )
+    run = diff.add_mutually_exclusive_group(required=True)
+    run.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="MODULE",
+        help="a module to import (repeat for several, imported in order)",
+    )
+    run.add_argument("--exec", dest="code", metavar="CODE", help="Python code to run instead")
+    diff.add_argument(
+        "--fail-on-aten-override",
+        action="store_true",
+        help="exit with status 1 when code outside torch put a kernel in front of an aten "
+        "operator (for a library's CI)",
     )
     return parser
 
@@ -89,19 +108,10 @@ def _write_svg(path: str | None, diagram: Diagram) -> None:
             out.write(diagram.svg())
 
 
-def _evaluate(expression: str, what: str) -> Any:
-    import torch
-
-    try:
-        return eval(expression, {"torch": torch})
-    except Exception as exc:
-        raise OpmagicError(f"could not evaluate {what} {expression!r}: {exc}") from exc
-
-
 def _table(options: argparse.Namespace) -> str:
     """``table``: the text form of the op's table(s), and its diagram for ``--svg``."""
     from .dispatch import dispatch_table
-    from .view.text import table_text
+    from .view.table import table_text
 
     result = dispatch_table(options.op)
     tables = getattr(result, "tables", (result,))
@@ -117,12 +127,17 @@ def _table(options: argparse.Namespace) -> str:
 
 
 def _resolve(options: argparse.Namespace) -> str:
-    args = _evaluate(options.args, "--args") if options.args.strip() else ()
+    """``resolve``: the path of the call whose arguments ``--args``/``--kwargs`` give (torch in
+    scope), and its diagram for ``--svg``."""
+    import torch
+
+    scope = {"torch": torch}
+    args = evaluate(options.args, scope, "--args") if options.args.strip() else ()
     if not isinstance(args, tuple):
         args = (args,)
-    kwargs = _evaluate(options.kwargs, "--kwargs") if options.kwargs.strip() else {}
+    kwargs = evaluate(options.kwargs, scope, "--kwargs") if options.kwargs.strip() else {}
     if not isinstance(kwargs, dict):
-        raise OpmagicError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
+        raise UsageError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
     resolution = call_context(options).resolve(options.op, *args, **kwargs)
     _write_svg(options.svg, resolution.diagram(show_all=options.all))
     return str(resolution)
@@ -133,13 +148,43 @@ def _kernels(options: argparse.Namespace, argv: Sequence[str]) -> str:
     from .dispatch import kernels
     from .view.frames import frame_text
 
-    keys = None
-    if options.key:
-        keys = "all" if options.key == ["all"] else options.key
-    frame = kernels(options.namespace, keys, wide=options.wide, missing=options.missing)
+    frame = kernels(**kernels_keywords(options))
     limit = None if options.rows == "all" else int(options.rows)
     command = " ".join(["python -m opmagic", *_without_rows(argv), "--rows all"])
     return frame_text(frame, limit, command)
+
+
+def _diff(options: argparse.Namespace) -> tuple[str, int]:
+    """``diff``: the dispatcher's state now, the imports (or code), then everything they
+    changed; status 1 for an aten override under ``--fail-on-aten-override``."""
+    from .dispatch.diff import diff, snapshot
+    from .view.diff import diff_text
+
+    before = snapshot()
+    # what the code makes lives in this namespace until the diff is taken: a Library that
+    # was collected would take its registrations with it
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    if options.code is not None:
+        _run("--exec", lambda: exec(compile(options.code, "<--exec>", "exec"), namespace))
+    for module in options.imports or ():
+        _run(f"--import {module}", lambda name=module: importlib.import_module(name))
+    found = diff(before)
+    status = 1 if options.fail_on_aten_override and found.aten_overrides else 0
+    ran = (
+        options.code
+        if options.code is not None
+        else "; ".join(f"import {module}" for module in options.imports)
+    )
+    show_all = f"`with opmagic.diff() as d: {ran}`, then d.frame()"
+    return diff_text(found, limit=None, show_all=show_all), status
+
+
+def _run(what: str, step: Callable[[], Any]) -> None:
+    """Run an import or the code given, saying which one failed and why."""
+    try:
+        step()
+    except Exception as exc:
+        raise OpmagicError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _rows(value: str) -> str:
@@ -167,21 +212,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     options = _parser().parse_args(argv)
+    status = 0
     try:
         if options.command == "table":
             output = _table(options)
         elif options.command == "resolve":
             output = _resolve(options)
+        elif options.command == "diff":
+            output, status = _diff(options)
         else:
             output = _kernels(options, argv)
-    except OpmagicError as exc:
+    except (OpmagicError, UsageError) as exc:
         print(f"opmagic: {exc}", file=sys.stderr)
         return 2
     try:
         print(output)
     except BrokenPipeError:  # `| head`: the reader has what it wanted
         sys.stderr.close()
-    return 0
+    return status
 
 
 if __name__ == "__main__":

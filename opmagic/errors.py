@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import textwrap
+
 from .display import Displayable
 
 
@@ -11,7 +14,19 @@ class OpmagicError(Exception):
     def _render_traceback_(self) -> list[str]:
         """IPython shows this instead of a traceback: the message says what is wrong and how to
         fix it, and opmagic's frames would only hide it (``%debug`` still has them)."""
-        return [f"{type(self).__name__}: {self}"]
+        return [wrap_to_terminal(f"{type(self).__name__}: {self}")]
+
+
+def wrap_to_terminal(text: str, width: int | None = None) -> str:
+    """``text`` with its long lines broken between words at the terminal's width
+    (``shutil.get_terminal_size``); an indented line (a source excerpt) is kept whole."""
+    width = width or shutil.get_terminal_size().columns
+    return "\n".join(
+        line
+        if len(line) <= width or line[:1].isspace()
+        else textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False)
+        for line in text.splitlines()
+    )
 
 
 class UnknownOperatorError(OpmagicError, LookupError):

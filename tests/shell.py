@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -56,28 +57,42 @@ class DispatcherState:
         )
 
 
+NEW_CELL = "<a new cell>"  # Cells.run's default: the run sends an id of its own
+
+
 class Cells:
-    """Runs cells in the shell the way a notebook does (history, cell ids)."""
+    """Runs cells in the shell the way JupyterLab does: with history, and a cell id per run.
+
+    A run sends a new cell's id, as a cell that is run once does, unless ``cell_id`` names
+    the cell it runs again; ``cell_id=None`` sends none, as a terminal or nbclient does.
+    """
 
     def __init__(self, shell: InteractiveShell) -> None:
         self.shell = shell
+        self._new_ids = itertools.count(1)
 
-    def run(self, source: str, cell_id: str | None = None) -> ExecutionResult:
+    def run(self, source: str, cell_id: str | None = NEW_CELL) -> ExecutionResult:
         """Run a cell that must succeed without warnings; returns IPython's result."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result = self.shell.run_cell(source, store_history=True, cell_id=cell_id)
+            result = self._run(source, cell_id)
         assert result.success, f"cell failed: {result.error_in_exec!r}\n{source}"
         assert not caught, [str(w.message) for w in caught]
         return result
 
-    def fail(self, source: str, cell_id: str | None = None) -> BaseException:
+    def fail(self, source: str, cell_id: str | None = NEW_CELL) -> BaseException:
         """Run a cell that must fail; returns its exception."""
-        result = self.shell.run_cell(source, store_history=True, cell_id=cell_id)
+        result = self._run(source, cell_id)
         assert not result.success, f"cell succeeded:\n{source}"
         error = result.error_in_exec or result.error_before_exec
         assert error is not None
         return error
+
+    def _run(self, source: str, cell_id: str | None) -> ExecutionResult:
+        """Run ``source`` as a cell, sending ``cell_id`` (a new one for :data:`NEW_CELL`)."""
+        if cell_id == NEW_CELL:
+            cell_id = f"new-cell-{next(self._new_ids)}"
+        return self.shell.run_cell(source, store_history=True, cell_id=cell_id)
 
     def eval(self, expression: str) -> Any:
         """The value of an expression in the user namespace."""

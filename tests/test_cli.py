@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,7 @@ def test_resolve_with_contexts():
 
 
 def test_kernels_long_and_wide_are_folded_with_the_command_for_all_rows():
-    long = run_cli("kernels", "--namespace", "aten", "--key", "Meta", "--rows", "5")
+    long = run_cli("kernels", "--namespace", "aten", "--key", "Meta", "--long", "--rows", "5")
     assert long.returncode == 0, long.stderr
     lines = long.stdout.splitlines()
     assert lines[0].startswith("aten::") and lines[1].startswith("  Meta: ")
@@ -98,13 +99,13 @@ def test_kernels_long_and_wide_are_folded_with_the_command_for_all_rows():
         " ".join(lines[-2:]).split()
         == (
             f"... {total - 5:,} more rows ({total:,} in all); all of them: python -m opmagic "
-            "kernels --namespace aten --key Meta --rows all"
+            "kernels --namespace aten --key Meta --long --rows all"
         ).split()
     )
-    everything = run_cli("kernels", "--namespace", "aten", "--key", "Meta", "--rows", "all")
+    everything = run_cli("kernels", "aten", "--key", "Meta", "--long", "--rows", "all")
     assert "more rows" not in everything.stdout and "NaN" not in everything.stdout
     assert everything.stdout.count("  Meta: ") == total
-    wide = run_cli("kernels", "-n", "aten", "-k", "CPU", "-k", "Meta", "--wide")
+    wide = run_cli("kernels", "-n", "aten", "-k", "CPU", "-k", "Meta")  # wide, as %kernels
     total_ops = len(kernels("aten", ["CPU"], wide=True))
     assert wide.stdout.splitlines()[0].split() == ["op", "CPU", "Meta"]
     assert "fallback" in wide.stdout and f"{total_ops - 60:,} more rows" in wide.stdout
@@ -166,3 +167,71 @@ def test_logging_mode_and_bad_autocast(capsys: pytest.CaptureFixture) -> None:
     assert "TorchDispatchMode LoggingMode active" in capsys.readouterr().out
     assert main(["resolve", "aten::mm", *args, "--autocast", "nope"]) == 2
     assert "autocast cannot be turned on for device 'nope'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ diff
+
+OVERRIDING_MODULE = (
+    "import torch\n"
+    "lib = torch.library.Library('aten', 'IMPL')\n"
+    "def fast_sin(x):\n"
+    "    return x * 0\n"
+    "lib.impl('sin', fast_sin, 'CPU')\n"
+)
+
+
+@pytest.fixture
+def overriding_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An importable module that overrides aten::sin's CPU kernel; undone after the test."""
+    name = f"cli_override_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(OVERRIDING_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    module = sys.modules.pop(name, None)
+    if module is not None:
+        module.lib._destroy()
+
+
+def test_diff_of_an_import_names_its_aten_override_and_fails_ci_with_the_flag(
+    overriding_module: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns (once a process) about the override
+        status = main(["diff", "--import", overriding_module, "--fail-on-aten-override"])
+    assert status == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("dispatcher diff: 1 kernel; 1 aten override")
+    assert lines[1] == "aten overrides (they change what every model runs):"
+    assert lines[2].split()[:3] == ["aten::sin", "CPU", "replaced"]
+    assert f"{overriding_module}.py:2, was C++ · aten/src/ATen/RegisterCPU" in lines[2]
+
+
+def test_diff_without_changes_passes_the_flag(capsys: pytest.CaptureFixture) -> None:
+    assert main(["diff", "--exec", "import json", "--fail-on-aten-override"]) == 0
+    assert capsys.readouterr().out.strip().startswith("dispatcher diff: nothing changed")
+
+
+def test_diff_says_which_import_failed(capsys: pytest.CaptureFixture) -> None:
+    assert main(["diff", "--import", "json", "--import", "no_such_module_here"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "opmagic: --import no_such_module_here failed: ModuleNotFoundError: No module named "
+        "'no_such_module_here'"
+    )
+
+
+@pytest.mark.slow
+def test_diff_in_a_fresh_interpreter(overriding_module: str, tmp_path: Path) -> None:
+    env_path = f"{tmp_path}{os.pathsep}{ROOT}"
+    for flag, status in (("--fail-on-aten-override", 1), (None, 0)):
+        args = ["diff", "--import", overriding_module, *([flag] if flag else [])]
+        result = subprocess.run(
+            [sys.executable, "-m", "opmagic", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": env_path, "COLUMNS": "100"},
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == status, result.stderr
+        assert "aten::sin" in result.stdout and "aten override" in result.stdout

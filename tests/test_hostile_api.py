@@ -43,6 +43,10 @@ def earlier_op() -> Iterator[Any]:
     result.op._lib._destroy()
 
 
+_SNAPSHOT = opmagic.snapshot()
+_DIFF = opmagic.diff(_SNAPSHOT)
+
+
 def _base_calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
     """Per public function: a valid call (the generated value replaces one argument)."""
     two = (torch.ones(2), torch.ones(2))
@@ -77,6 +81,9 @@ def _base_calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
         ),
         "cdiv": (opmagic.cdiv, {"a": 10, "b": 3}),
         "trace": (lambda fn: opmagic.trace(fn), {"fn": torch.ones(1).sum}),
+        "diff": (opmagic.diff, {"before": _SNAPSHOT}),
+        "DispatchDiff.table": (_DIFF.table, {"op": "hzapi::kept"}),
+        "DispatchDiff.affected": (_DIFF.affected, {"calls": [("aten::sin", two[:1])]}),
     }
 
 
@@ -92,6 +99,8 @@ _VALUES = st.one_of(
     st.lists(st.one_of(st.integers(-2, 2), st.text(max_size=3), st.none()), max_size=3),
     st.dictionaries(st.one_of(st.integers(-2, 2), st.text(max_size=3)), st.integers(), max_size=2),
     st.tuples(st.text(max_size=3), st.text(max_size=3)),
+    # functions: some stand for an aten operator, some for several or none
+    st.sampled_from([torch.add, torch.ones(1).add, torch.norm, torch.Tensor.backward, len]),
 )
 
 

@@ -8,7 +8,8 @@ boundary as plain ``int`` raw representations (``DispatchKeySet.raw_repr``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -164,6 +165,37 @@ def all_op_names() -> list[str]:
     return _C._dispatch_get_all_op_names()
 
 
+def has_operator(name: str) -> bool:
+    """Whether the dispatcher has ``ns::name`` or ``ns::name.overload``: defined, or only
+    holding kernels registered without a definition (``c10::Dispatcher::findOp``)."""
+    return _C._dispatch_has_kernel(name)
+
+
+def overload_names(qualname: str) -> Iterator[str]:
+    """The overloads of one operator (``""``: the default one), found one at a time by asking
+    for this name alone, never listing every operator.
+
+    TorchScript's operator registry, indexed by name, mirrors every dispatcher definition as
+    definitions come and go, and adds overloads of its own (``aten::add.int``), so each of its
+    candidates is checked against the dispatcher. An operator holding kernels but no
+    definition has the default overload.
+    """
+    found = False
+    for schema in _C._jit_get_schemas_for_operator(qualname):
+        overload = schema.overload_name
+        if has_operator(f"{qualname}.{overload}" if overload else qualname):
+            found = True
+            yield overload
+    if not found and has_operator(qualname):
+        yield ""
+
+
+def dump_all_registrations(op_names: Iterable[str]) -> list[str]:
+    """``dump_registrations`` of many operators, in order (one C-level loop: a snapshot of the
+    whole dispatcher reads every operator's dump)."""
+    return list(map(_C._dispatch_dump, op_names))
+
+
 def dump_table(op_name: str) -> str:
     """The computed dispatch table of one operator, a line per runtime key that has a kernel."""
     return _C._dispatch_dump_table(op_name)
@@ -172,6 +204,46 @@ def dump_table(op_name: str) -> str:
 def dump_registrations(op_name: str) -> str:
     """Schema and raw kernel registrations of one operator, as the dispatcher prints them."""
     return _C._dispatch_dump(op_name)
+
+
+@functools.cache
+def _dispatch_key(name: str) -> Any | None:
+    """The ``DispatchKey`` of a name: torch's parser misses some per-backend keys (e.g.
+    AutogradMTIA), which the enum has."""
+    member = _C.DispatchKey.__members__.get(name)
+    return member if member is not None else _C._parse_dispatch_key(name)
+
+
+def has_backend_fallback(key: str) -> bool:
+    """Whether a backend fallback (one kernel for every operator) is registered for ``key``."""
+    dispatch_key = _dispatch_key(key)
+    return dispatch_key is not None and _C._dispatch_has_backend_fallback(dispatch_key)
+
+
+@functools.cache
+def alias_includes(alias: str, key: str) -> bool:
+    """``c10::isIncludedInAlias``: whether a kernel registered to ``alias`` fills ``key``."""
+    alias_key, runtime_key = _dispatch_key(alias), _dispatch_key(key)
+    if alias_key is None or runtime_key is None:
+        return False
+    return _C._dispatch_is_included_in_alias(runtime_key, alias_key)
+
+
+@functools.cache
+def backend_keys_of_autograd(key: str) -> frozenset[str]:
+    """``getBackendKeySetFromAutograd``: the backend keys an autograd key stands for (none for
+    other keys), as runtime key names."""
+    dispatch_key = _dispatch_key(key)
+    if dispatch_key is None:
+        return frozenset()
+    keyset = _C._dispatch_get_backend_keyset_from_autograd(dispatch_key)
+    return frozenset(keyset_names(keyset.raw_repr()))
+
+
+@functools.cache
+def autogradother_backends() -> frozenset[str]:
+    """``c10::autogradother_backends``: backends served by AutogradOther, as runtime key names."""
+    return frozenset(keyset_names(_C._dispatch_autogradother_backends.raw_repr()))
 
 
 def registrations_for_key(key: str) -> list[str]:
@@ -294,6 +366,32 @@ def hold_operators(qualnames: Iterable[str]) -> Callable[[], None]:
     return release
 
 
+# ---------------------------------------------------------------- torch._native overrides
+
+
+def native_override_routes() -> list[tuple[str, str, str, str, bool, Any, Any]]:
+    """The override routes ``torch._native`` keeps for aten ops (empty where this torch has
+    none): ``(op_symbol, dispatch_key, dsl_name, node_id, active, cond_fn, impl_fn)``, in the
+    order its router tries them. A route is installed in the dispatcher as one router kernel
+    per ``(op, key)`` (``torch/_native/registry.py``), which picks the first route whose
+    condition holds and else calls the kernel it hides."""
+    registry = sys.modules.get("torch._native.registry")
+    graphs = getattr(registry, "_graphs", None)
+    if not isinstance(graphs, dict):
+        return []
+    return [
+        (op_symbol, key, node.dsl_name, node.node_id, node.active, node.cond_fn, node.impl_fn)
+        for (op_symbol, key), nodes in graphs.items()
+        for node in nodes
+    ]
+
+
+def native_registry_file() -> str | None:
+    """The file of ``torch._native``'s registry: the site torch records for its router kernels."""
+    registry = sys.modules.get("torch._native.registry")
+    return getattr(registry, "__file__", None)
+
+
 # ---------------------------------------------------------------- call arguments
 
 
@@ -363,6 +461,14 @@ def fake_mode_refuses(mode: Any, tensor: torch.Tensor) -> bool:
         return False
     override = fake_tensor_tls.allow_non_fake_inputs_override
     return not (mode.allow_non_fake_inputs if override is None else override)
+
+
+def fake_tensor_passes_on(tensor: torch.Tensor) -> bool:
+    """Whether FakeTensorMode (and FakeTensor's own handler) returns NotImplemented for a call
+    with this argument: a tensor subclass it does not know, whose handler then runs."""
+    from torch._subclasses.fake_tensor import _check_for_subclass_arg
+
+    return _check_for_subclass_arg(tensor)
 
 
 def is_functional_tensor_mode(mode: Any) -> bool:

@@ -14,36 +14,58 @@ functionalization); then ``describe`` returns ``(segment, argument summaries)``,
 
 The hook is a thread-local RecordFunction callback, the one torch.profiler uses: it adds no
 dispatch key and leaves the thread-local dispatch state alone. torch has no Python API to add
-one, so it is C++ (``op_observer.cpp``), compiled once per torch, Python and compiler into the
-per-user cache (``$XDG_CACHE_HOME/opmagic``, private to the user): by the first call that
-needs it, or ahead of it on a daemon thread (:func:`build_in_background`), which that call
-then waits for.
+one, so it is C++ (``op_observer.cpp``), built through the cache service
+(:mod:`opmagic.cachedir`) under a key of everything the build reads (:func:`build_identity`:
+the source, flags, compiler, torch's install and Python), and loaded only once its size and
+SHA-256 match the record of its build: by the first call that needs it, or ahead of it on a
+daemon thread (:func:`build_in_background`), which that call then waits for, saying so.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
-import hashlib
+import importlib.machinery
+import importlib.util
+import json
 import os
-import stat
+import shlex
+import shutil
+import subprocess
 import sys
 import sysconfig
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from ..errors import BuildError, CacheDirectoryError
+from ..cachedir import (
+    BackgroundBuild,
+    BuildCache,
+    Stopwatch,
+    artifact_problem,
+    artifact_record,
+    compiler_environment,
+    digest,
+    file_digest,
+    private_copy,
+    read_record,
+    remove_path,
+    write_atomic,
+)
+from ..errors import BuildError, LoadError
 
 SOURCE = Path(__file__).with_name("op_observer.cpp")
 # -O1: a third less compile time than -O2 and the same per-call cost (benchmarks/trace.py);
 # NDEBUG: torch's release headers assert otherwise
 FLAGS = ("-O1", "-DNDEBUG")
+MODULE_NAME = "opmagic_op_observer"  # the Python extension module it is built as
+LIBRARY = f"{MODULE_NAME}.so"
+RECORD = "build.json"  # the library's size and SHA-256, what the build took, its identity
+KIND = "operator observer"  # how the cache remembers what its last build took
 
 # describe(op index, name, overload, inputs, python_decides) -> (segment, summaries or None)
 Describe = Callable[[int, str, str, tuple[Any, ...], bool], tuple[int, Any]]
@@ -84,195 +106,209 @@ def enum_tables() -> dict[str, tuple[Any, ...]]:
     return {name: tuple(objects) for name, objects in _module().enum_tables().items()}
 
 
+def build_identity() -> dict[str, Any]:
+    """Everything the observer's build reads, the parts of its cache key: the source (its
+    SHA-256) and flags, torch (version and install: its headers and libraries), the compiler
+    (the one torch builds extensions with, where it is found and its version), Python, and
+    the environment variables that steer the compiler."""
+    from torch.utils import cpp_extension
+
+    compiler = cpp_extension.get_cxx_compiler()
+    return {
+        "source": file_digest(SOURCE),
+        "flags": FLAGS,
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "torch_includes": cpp_extension.include_paths(),
+        "torch_libraries": cpp_extension.library_paths(),
+        "compiler": compiler,
+        "compiler_version": _compiler_version(compiler, os.environ.get("PATH", "")),
+        "python": sys.version,
+        "python_include": sysconfig.get_paths()["include"],
+        "environment": compiler_environment(),
+    }
+
+
 def build_directory() -> Path:
-    """Where this torch's, Python's and compiler's build of the observer lives."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    identity = "\0".join(
-        (
-            SOURCE.read_text(),
-            torch.__version__,
-            sys.version,
-            sysconfig.get_config_var("CXX") or "",
-            os.environ.get("CXX", ""),
-            " ".join(FLAGS),
-        )
-    )
-    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    return Path(base) / "opmagic" / "op_observer" / key
+    """Where this environment's build of the observer lives in the cache."""
+    return BuildCache().observer_dir(digest(build_identity()))
 
 
 def build_in_background() -> threading.Thread | None:
-    """Start compiling the observer on a daemon thread when it is neither loaded nor built
-    (``%load_ext opmagic`` calls this, so that the first trace need not wait for the compiler).
+    """Start building the observer on a daemon thread when it is neither loaded nor in the
+    cache (``%load_ext opmagic`` calls this, so that the first trace need not wait for the
+    compiler).
 
     Returns the thread, or ``None`` when there is nothing to do. A failed build never raises
     here: the first trace that needs the observer reports it.
     """
-    if not _observer.lock.acquire(blocking=False):
-        return None  # another thread is building or loading it now
+    return _observer.start()
+
+
+@functools.cache
+def _compiler_version(compiler: str, path: str) -> str:
+    """Where ``compiler`` is found on ``path`` and what its ``--version`` says (once each)."""
+    command = shlex.split(compiler)
+    found = shutil.which(command[0], path=path) if command else None
     try:
-        if _observer.module is not None or _observer.failure is not None or _built():
-            _observer.lock.release()
-            return None
-        thread = threading.Thread(
-            target=_build_holding_lock, name="opmagic operator observer build", daemon=True
+        version = subprocess.run(
+            [*command, "--version"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):  # the build says what is wrong with it
+        return f"{found}: does not run"
+    return f"{found}: {version.strip()}"
+
+
+class _ObserverBuild(BackgroundBuild[ModuleType]):
+    """The observer of this process: loaded from the cache, or built into it first."""
+
+    library = "the operator observer"
+
+    def published(self) -> bool:
+        """Whether this environment's build is in the cache (not hashed: loading checks)."""
+        directory = build_directory()
+        record, _ = read_record(directory, RECORD)
+        return record is not None and not artifact_problem(
+            directory / LIBRARY, record.get("library"), rehash=False
         )
-        thread.start()  # from here the thread holds the lock; it releases it when done
-    except BaseException:
-        _observer.lock.release()
-        raise
-    return thread
+
+    def expected_seconds(self) -> float | None:
+        """What the last build of the observer took on this machine."""
+        return BuildCache().last_seconds(KIND)
+
+    def make(self, stopwatch: Stopwatch) -> ModuleType:
+        """The published build of this environment's key, loaded; built under the key's lock
+        when it is missing or damaged (a damaged one is never loaded)."""
+        cache = BuildCache()
+        identity = build_identity()
+        key = digest(identity)
+        directory = cache.observer_dir(key)
+        module, damage = _load(directory)
+        if module is not None:
+            return module
+
+        def on_wait(pid: str) -> None:
+            stopwatch.report(f"waiting for pid {pid}, which builds the operator observer")
+
+        try:
+            with cache.locked(key, on_wait) as waited:
+                if waited:  # the process we waited for may have published it
+                    module, damage = _load(directory)
+                    if module is not None:
+                        stopwatch.finish()
+                        return module
+                _build(cache, key, directory, identity, stopwatch, damage)
+        except OSError as error:
+            raise cache.unwritable(error, "build the operator observer") from None
+        module, problem = _load(directory)
+        if module is None:
+            raise BuildError(
+                f"opmagic built its operator observer into {directory}, but {problem}. "
+                "Trace again; if it persists, delete that directory."
+            )
+        stopwatch.finish()
+        return module
 
 
-class _Observer:
-    """The compiled observer of this process, built or loaded by the first thread needing it."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()  # held while a thread builds or loads the module
-        self.module: ModuleType | None = None
-        self.failure: BaseException | None = None  # what the background build raised
-        self.failure_reported = False  # a trace raised it: the next one builds again
-        self.announce_lock = threading.Lock()
-        self.announced = False  # the line saying a trace waits for the build was printed
-
-
-_observer = _Observer()
+_observer = _ObserverBuild()
 
 
 def _module() -> ModuleType:
-    """The compiled observer: built on first use, or the background build waited for."""
-    module = _observer.module
-    if module is not None:
-        return module
-    waited = False
-    if not _observer.lock.acquire(blocking=False):
-        _announce_wait()
-        _observer.lock.acquire()
-        waited = True
+    """The compiled observer: loaded or built on first use, or the background build waited
+    for (with progress on stderr)."""
+    return _observer.get()
+
+
+def _load(directory: Path) -> tuple[ModuleType | None, str]:
+    """``(the observer published in directory, loaded, "")``, or ``(None, why not)``: "" when
+    there is none, else what is wrong with it (checked before anything of it is loaded)."""
+    record, damage = read_record(directory, RECORD)
+    if record is None:
+        return None, damage
+    library = directory / LIBRARY
+    damage = artifact_problem(library, record.get("library"), rehash=True) or ""
+    if damage:
+        return None, damage
     try:
-        if _observer.module is None:
-            failure = _observer.failure
-            if failure is not None and (waited or not _observer.failure_reported):
-                _observer.failure_reported = True  # to every trace that waited for the build
-                raise failure.with_traceback(None)
-            _observer.failure = None
-            _observer.module = _build(announce=True)
-        return _observer.module
-    finally:
-        _observer.lock.release()
+        with private_copy(library, record["library"]["sha256"]) as name:
+            loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, name)
+            spec = importlib.util.spec_from_file_location(MODULE_NAME, name, loader=loader)
+            assert spec is not None  # given its loader, a location always makes a spec
+            module = importlib.util.module_from_spec(spec)  # maps the library
+            loader.exec_module(module)
+    except (ImportError, LoadError) as error:  # an undefined symbol, changed meanwhile, ...
+        return None, f"it does not load: {error}"
+    return module, ""
 
 
-def _build_holding_lock() -> None:
-    """The background build: keeps the module, or the failure for the first trace to report."""
+def _build(
+    cache: BuildCache,
+    key: str,
+    directory: Path,
+    identity: dict[str, Any],
+    stopwatch: Stopwatch,
+    damage: str,
+) -> None:
+    """Compile the observer and publish it in ``directory`` with its record (call with the
+    key's lock held); remember what the build took, for the next estimate."""
+    if damage:
+        stopwatch.report(f"rebuilding the operator observer: the cached one is damaged ({damage})")
+    else:
+        stopwatch.report("compiling the operator observer that trace uses")
     try:
-        _observer.module = _build(announce=False)
-    except Exception as exc:  # reported by the trace that needs the observer, not here
-        _observer.failure = exc
-        _observer.failure_reported = False
-    finally:
-        _observer.lock.release()
+        with cache.publishing(key, directory) as scratch, stopwatch.ticking():
+            seconds = _compile(scratch, directory)
+            record = {"library": artifact_record(scratch / LIBRARY), "seconds": seconds}
+            write_atomic(scratch / RECORD, json.dumps({**record, "identity": identity}, indent=1))
+    except BaseException:
+        stopwatch.finish(failed=True)
+        raise
+    cache.record_seconds(KIND, seconds)
 
 
-def _announce_wait() -> None:
-    """Say once per process that a trace waits for the observer's build (one line)."""
-    with _observer.announce_lock:
-        if _observer.announced:
-            return
-        _observer.announced = True
-    print(
-        "opmagic: waiting for the operator observer that trace uses to finish compiling "
-        "(started by %load_ext opmagic; once per torch version)...",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-def _library_name(directory: Path) -> str:
-    return f"opmagic_op_observer_{directory.name}"
-
-
-def _built() -> bool:
-    """Whether this torch's build of the observer is in the cache already."""
-    try:
-        directory = build_directory()
-        return (directory / f"{_library_name(directory)}.so").exists()
-    except OSError:  # an unreadable cache: the build says what is wrong
-        return False
-
-
-def _build(announce: bool) -> ModuleType:
-    """Compile the observer into the cache (a no-op when built) and load it.
-
-    Builds of one directory are serialised across processes by an flock the kernel drops
-    when its holder dies, so a baton torch's builder left behind (its process died while
-    building, e.g. a background build at interpreter exit) is stale and removed.
-    """
+def _compile(scratch: Path, directory: Path) -> float:
+    """Build the extension module into ``scratch`` as torch builds extensions (ninja, its
+    flags), without loading it; only the library is kept. Returns the seconds it took."""
     from torch.utils import cpp_extension
 
-    directory = build_directory()
-    _make_private(directory)
-    name = _library_name(directory)
-    with _exclusive(directory / "opmagic.lock"):
-        (directory / "lock").unlink(missing_ok=True)  # cpp_extension's baton, left by the dead
-        if announce and not (directory / f"{name}.so").exists():
-            print(
-                "opmagic: compiling the operator observer that trace uses (once per torch "
-                "version, about 15 s)...",
-                file=sys.stderr,
-                flush=True,
-            )
-        try:
-            return cpp_extension.load(
-                name=name,
-                sources=[str(SOURCE)],
-                build_directory=str(directory),
-                extra_cflags=list(FLAGS),
-                verbose=False,
-            )
-        except Exception as exc:  # the compiler's, ninja's or the loader's error, in words
-            _forget_build(cpp_extension, name)
-            output = getattr(exc, "output", None)  # a compiler check that failed says why here
-            if isinstance(output, bytes):
-                output = output.decode(errors="replace")
-            detail = "\n".join(
-                line  # ninja echoes each long compiler command twice: the errors are what matter
-                for part in (exc, output)
-                if part
-                for line in str(part).strip().splitlines()
-                if "-DTORCH_EXTENSION_NAME=" not in line
-            )[-3000:]
-            raise BuildError(
-                f"opmagic could not build its operator observer (C++, built once into "
-                f"{directory}): {detail}\nTracing needs a C++ compiler that can build torch "
-                "extensions (g++ and the Python headers); fix the error above and trace again."
-            ) from exc
-
-
-def _forget_build(cpp_extension: ModuleType, name: str) -> None:
-    """Make the next ``cpp_extension.load`` of ``name`` in this process build again: torch
-    remembers each name's sources once asked, and skips the build of a failed one."""
-    cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(name, None)
-
-
-@contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` (created 0600): released even if the process dies."""
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    started = time.perf_counter()
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(descriptor)  # closing drops the lock
+        cpp_extension._write_ninja_file_and_build_library(
+            name=MODULE_NAME,
+            sources=[str(SOURCE)],
+            extra_cflags=list(FLAGS),
+            extra_cuda_cflags=[],
+            extra_sycl_cflags=[],
+            extra_ldflags=[],
+            extra_include_paths=[],
+            build_directory=str(scratch),
+            verbose=False,
+            with_cuda=False,
+            with_sycl=False,
+        )
+    except Exception as exc:  # the compiler's, ninja's or torch's check's error, in words
+        raise _build_error(exc, directory) from exc
+    seconds = time.perf_counter() - started
+    for leftover in scratch.iterdir():  # objects, ninja's files
+        if leftover.name != LIBRARY:
+            remove_path(leftover)
+    return seconds
 
 
-def _make_private(directory: Path) -> None:
-    """Create ``directory`` (mode 0700) and refuse a cache another user could write to."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for path in (directory, directory.parent, directory.parent.parent):
-        info = path.stat()
-        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise CacheDirectoryError(
-                f"{path} is not private to you (owned by uid {info.st_uid}, mode "
-                f"{stat.filemode(info.st_mode)}): opmagic will not load code from it. Make it "
-                f"yours with mode 0700 (chmod 700 {path}) or set XDG_CACHE_HOME elsewhere."
-            )
+def _build_error(exc: Exception, directory: Path) -> BuildError:
+    """The failed build's error: its output, without ninja's echo of every command."""
+    output = getattr(exc, "output", None)  # a compiler check that failed says why here
+    if isinstance(output, bytes):
+        output = output.decode(errors="replace")
+    detail = "\n".join(
+        line  # ninja echoes each long compiler command twice: the errors are what matter
+        for part in (exc, output)
+        if part
+        for line in str(part).strip().splitlines()
+        if "-DTORCH_EXTENSION_NAME=" not in line
+    )[-3000:]
+    return BuildError(
+        f"opmagic could not build its operator observer (C++, built once into "
+        f"{directory}): {detail}\nTracing needs a C++ compiler that can build torch "
+        "extensions (g++, ninja and the Python headers); fix the error above and trace again."
+    )

@@ -53,13 +53,13 @@ class CudaOp:
     function: Callable  # the Python kernel registered for the CUDA key
     library: Any = None  # the Library holding the registrations (None: via custom_op)
     closed: bool = False
+    table: DispatchTable = field(init=False, repr=False)  # as this cell left it
 
-    @property
-    def table(self) -> DispatchTable:
-        """The operator's dispatch table, read from the dispatcher."""
+    def __post_init__(self) -> None:
+        # read now: the cell's summary shows the op as it made it, whatever comes later
         table = dispatch_table(self.qualname)
         assert isinstance(table, DispatchTable)
-        return table
+        self.table = table
 
     def close(self) -> None:
         """Remove what this made (outside a session; a session removes it with its cell)."""

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import functools
 import inspect
 import linecache
 import re
@@ -52,7 +51,6 @@ from ..dispatch.ops import OpRef, is_identifier, overloads_of
 from ..dispatch.sites import label_location
 from ..display import Displayable
 from ..errors import ArgumentTypeError, CellSourceError, ForeignOperatorError, OperatorNameError
-from .checks import CheckReport, check_op
 from .session import active_session, foreign_operator_message, registration_site
 
 COMPANIONS = ("fake", "setup_context", "backward", "kernel", "vmap", "autocast", "torch_dispatch")
@@ -71,35 +69,35 @@ class KernelRow:
 
 @dataclass(eq=False)
 class CustomOpResult(Displayable):
-    """What ``%%custom_op`` made: the op, its kernels per key, its dispatch table, checks."""
+    """What ``%%custom_op`` made: the op, its kernels per key, its dispatch table, checks.
+
+    The schema, the table and the kernels are read when the result is made: the summary
+    shows the op as this cell made it, even once a later cell redefines it.
+    """
 
     op: Any  # the CustomOpDef, also bound in the namespace under ``function``
     qualname: str
     function: str
     notes: tuple[str, ...] = ()
-    checks: CheckReport | None = None
+    checks: Displayable | None = None  # the report of --check, which %%custom_op adds
+    table: DispatchTable = field(init=False, repr=False)  # read from the dispatcher
+    kernels: tuple[KernelRow, ...] = field(init=False, repr=False)  # what serves each key
+
+    def __post_init__(self) -> None:
+        table = dispatch_table(self.op)
+        assert isinstance(table, DispatchTable)
+        self.table = table
+        self.kernels = tuple(custom_op_kernels(self.op, table))
 
     @property
     def schema(self) -> str:
         """The operator's schema, e.g. ``mylib::numpy_sin(Tensor x) -> Tensor``."""
-        return str(self.op._opoverload._schema)
+        return self.table.schema
 
     @property
     def dotted(self) -> str:
         """``mylib.numpy_sin``, the ``torch.ops`` spelling."""
         return self.qualname.replace("::", ".")
-
-    @functools.cached_property
-    def kernels(self) -> tuple[KernelRow, ...]:
-        """What serves each key the op's definition and companions registered."""
-        return tuple(custom_op_kernels(self.op, self.table))
-
-    @functools.cached_property
-    def table(self) -> DispatchTable:
-        """The operator's dispatch table, read from the dispatcher."""
-        table = dispatch_table(self.op)
-        assert isinstance(table, DispatchTable)
-        return table
 
 
 @dataclass
@@ -190,7 +188,6 @@ def custom_op_from_source(
     tags: Iterable[torch.Tag] = (),
     namespace: dict[str, Any] | None = None,
     filename: str | None = None,
-    check: str | None = None,
 ) -> CustomOpResult:
     """Make the custom operator ``name`` (``"ns::name"``) from the function in ``source``.
 
@@ -198,12 +195,12 @@ def custom_op_from_source(
     decorators of this module's docstring; the operator function is the top-level function
     named like the operator, else the only top-level function that is neither a companion
     nor private (``_name``). The other keywords are ``torch.library.custom_op``'s.
-    ``check`` is a Python expression for sample arguments (a tuple is the argument list)
-    passed to :func:`opmagic.check_op`. ``filename`` names the source in tracebacks and
-    tables (IPython passes the cell's). The operator is bound in ``namespace`` under the
-    function's name. Problems with the source raise :class:`CellSourceError` naming the line.
+    ``filename`` names the source in tracebacks and tables (IPython passes the cell's). The
+    operator is bound in ``namespace`` under the function's name. Problems with the source
+    raise :class:`CellSourceError` naming the line. To check the op, pass it to
+    :func:`opmagic.check_op`.
     """
-    _check_arguments(source, name, namespace, filename, schema, check)
+    _check_arguments(source, name, namespace, filename, schema)
     _check_names("mutates_args", mutates_args, "argument names or 'unknown'")
     if device_types is not None:
         _check_names("device_types", device_types, "device types such as 'cpu' or None")
@@ -230,10 +227,7 @@ def custom_op_from_source(
     op, function_name, notes = define_op_from_source(
         source, qualname, filename, namespace, make_op, mutates_args=mutates_args, schema=schema
     )
-    result = CustomOpResult(op, qualname, function_name, notes)
-    if check is not None:
-        result.checks = _run_check(op, check, namespace, filename)
-    return result
+    return CustomOpResult(op, qualname, function_name, notes)
 
 
 def source_file(name: str, source: str) -> str:
@@ -312,9 +306,7 @@ def define_op_from_source(
     return op, function_node.name, notes
 
 
-def _check_arguments(
-    source: Any, name: Any, namespace: Any, filename: Any, schema: Any, check: Any
-) -> None:
+def _check_arguments(source: Any, name: Any, namespace: Any, filename: Any, schema: Any) -> None:
     """Arguments of :func:`custom_op_from_source` of the wrong type, named."""
     expected = (
         ("source", source, str, "the cell's Python source"),
@@ -322,7 +314,6 @@ def _check_arguments(
         ("namespace", namespace, (dict, type(None)), "a dict or None"),
         ("filename", filename, (str, type(None)), "a str or None"),
         ("schema", schema, (str, type(None)), "a str such as '(Tensor x) -> Tensor', or None"),
-        ("check", check, (str, type(None)), "a Python expression (str) or None"),
     )
     for what, value, kind, takes in expected:
         if not isinstance(value, kind):
@@ -656,13 +647,17 @@ def _infer_schema(
 
 
 def _replacement_notes(qualname: str) -> tuple[str, ...]:
-    """What re-defining the operator replaces, when it was defined before."""
+    """What re-defining the operator replaces, when it was defined before: the cell whose
+    definition it is, as the session names it, else where its function was written."""
     opdef = custom_op_state.custom_op_def(qualname)
     if opdef is None:
         return ()
+    session = active_session()
+    where = session.definition_site(qualname) if session is not None else None
     code = getattr(custom_op_state.custom_op_function(opdef), "__code__", None)
-    where = f" from {label_location(code.co_filename, code.co_firstlineno)}" if code else ""
-    return (f"replaces the previous {qualname}{where}",)
+    if where is None and code is not None:
+        where = label_location(code.co_filename, code.co_firstlineno)
+    return (f"replaces the previous {qualname}" + (f" from {where}" if where else ""),)
 
 
 def _apply_companions(op: Any, companions: list[_Companion], filename: str) -> None:
@@ -713,22 +708,6 @@ def _reported(filename: str, line: int) -> Iterator[None]:
             filename=filename,
             line=line,
         ) from error
-
-
-def _run_check(op: Any, check: str, namespace: dict[str, Any], filename: str) -> CheckReport:
-    """Evaluate the sample-argument expression and run the checks."""
-    try:
-        value = eval(check, namespace)
-    except Exception as error:
-        raise CellSourceError(
-            f"{label_location(filename, 1)}: --check {check!r} failed: "
-            f"{type(error).__name__}: {error}. Give a Python expression for the sample "
-            "arguments, e.g. --check 'torch.randn(3),'.",
-            filename=filename,
-            line=1,
-        ) from error
-    args = value if isinstance(value, tuple) else (value,)
-    return check_op(op, args)
 
 
 def _caller_line(filename: str) -> int:

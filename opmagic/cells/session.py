@@ -21,9 +21,13 @@ Python-side entry it is) so that it can be removed and re-applied alone.
 - A run that fails is rolled back: what it registered goes, what it removed comes back.
 - A run that succeeds drops for good what it replaced and what is left of its cell's previous
   run (definitions it no longer makes, its Library objects, tracked handles).
-- Without a cell key (a terminal IPython, or a client that sends no cell id) every run is a
-  new cell; a key-less run that defines every operator and namespace an earlier key-less cell
-  defined counts as that cell's re-run.
+- Which earlier cell a run replaces is one rule for every front end (:func:`_reruns`, and
+  :meth:`Session.superseded` for handles swapped in place): the cell's previous run (same cell
+  key); without a cell key (a terminal IPython, or a client that sends no cell id) every run
+  is a new cell, but a key-less run that defines every operator and namespace an earlier
+  key-less cell defined (or, defining none, registers the same C++ blocks) is that cell's
+  re-run. What torch keeps one of (an operator's definition, a namespace's ``TORCH_LIBRARY``)
+  is replaced from whichever cell made it, and the run's notes name that cell.
 - Registrations made by imported modules, by torch itself, or outside a cell are not tracked.
 - ``close()`` removes everything, leaving the dispatcher as it was before ``start()``.
 
@@ -49,6 +53,7 @@ from .._torch import custom_op_state, dispatcher, library_hooks, triton
 from ..dispatch.sites import label_location
 from ..display import Displayable
 from ..errors import ForeignOperatorError, OpmagicError
+from ..native.blocks import scan_blocks
 
 Site = tuple[str, int]
 
@@ -76,12 +81,38 @@ def registration_site(filename: str, line: int) -> Iterator[None]:
         _site_override.reset(token)
 
 
+@dataclass(frozen=True)
+class CellIdentity:
+    """What a cell's run defines and registers: which earlier cell it replaces (:func:`_reruns`).
+
+    ``defines``: ``("def", "ns::name")`` and ``("namespace", "ns")`` (a ``Library(ns, "DEF")``
+    or a ``TORCH_LIBRARY`` block: torch keeps one of each); ``registers``: ``(namespace, key)``
+    of a C++ source's other blocks (``"FRAGMENT"`` for a fragment's key).
+    """
+
+    defines: frozenset[tuple[str, str]] = frozenset()
+    registers: frozenset[tuple[str, str]] = frozenset()
+
+    @classmethod
+    def of_source(cls, source: str) -> CellIdentity:
+        """A C++ source's: its ``TORCH_LIBRARY`` namespaces, and its other blocks."""
+        blocks = scan_blocks(source)
+        return cls(
+            frozenset(("namespace", b.namespace) for b in blocks if b.kind == "DEF"),
+            frozenset((b.namespace, b.key or "FRAGMENT") for b in blocks if b.kind != "DEF"),
+        )
+
+    def __or__(self, other: CellIdentity) -> CellIdentity:
+        return CellIdentity(self.defines | other.defines, self.registers | other.registers)
+
+
 @dataclass(eq=False)
 class TrackedHandle:
     """A resource a front end asked the session to close with its cell (``Session.track``)."""
 
     handle: Any
     description: str
+    identity: CellIdentity = CellIdentity()
     closed: bool = False
 
     def close(self) -> None:
@@ -116,6 +147,15 @@ class CellRecord:
     def live_libraries(self) -> list[Any]:
         """Library objects this run created that still exist."""
         return [lib for lib in (ref() for ref in self.libraries) if lib is not None]
+
+    @property
+    def identity(self) -> CellIdentity:
+        """What the run defines and registers: its torch.library definitions and namespace
+        claims, and the identities of the handles it tracks that are open."""
+        own = CellIdentity(frozenset(self.defined))
+        return functools.reduce(
+            CellIdentity.__or__, (t.identity for t in self.handles if t.is_open), own
+        )
 
     @property
     def empty(self) -> bool:
@@ -225,6 +265,8 @@ class Session:
         self._namespace: dict[str, Any] | None = None
         self._bindings: dict[str, Any] = {}
         self._held: list[Any] = []  # recorded Libraries, kept alive while a cell runs
+        # handles of other cells that the running cell's new ones replace (for its notes)
+        self._taken_over: list[tuple[TrackedHandle, CellRecord]] = []
         self._anonymous = itertools.count(1)
         self._sequence = itertools.count(1)
 
@@ -323,49 +365,57 @@ class Session:
         finally:
             self._run = self._previous = self._namespace = None
             self._evicted, self._reverted, self._states, self._bindings = [], [], {}, {}
-            self._held, self._adopted, self._stashes = [], [], {}
+            self._held, self._adopted, self._stashes, self._taken_over = [], [], {}, []
 
     # ---------------------------------------------------------------- for other front ends
 
-    def track(self, handle: Any, description: str | None = None) -> Any:
+    def track(
+        self,
+        handle: Any,
+        description: str | None = None,
+        identity: CellIdentity = CellIdentity(),
+    ) -> Any:
         """Close ``handle`` (anything with ``close()``) when its cell is re-run or rolled back.
 
         Called while a cell runs, the handle belongs to that cell: it is closed when the
         cell runs again and succeeds, when the run that tracked it fails, or at
         ``close()``. Outside a cell it is closed at ``close()``. ``%opmagic session`` shows
         ``description``, else the handle's own ``description`` attribute, else ``str(handle)``.
-        A handle listing ``operators`` (objects with a ``name``) defines those: cells are told
+        ``identity`` is what the handle defines and registers (for :meth:`superseded`). A
+        handle listing ``operators`` (objects with a ``name``) defines those: cells are told
         so when they try to redefine one. Returns ``handle``.
         """
         record = self._run if self._run is not None else self._outside
         description = description or getattr(handle, "description", None) or str(handle)
-        record.handles.append(TrackedHandle(handle, description))
+        record.handles.append(TrackedHandle(handle, description, identity))
         return handle
 
-    def superseded(self, kind: type, same_cell: Callable[[Any], bool]) -> Any | None:
-        """The open handle of type ``kind`` that the running cell's new one replaces.
+    def superseded(self, kind: type, identity: CellIdentity) -> Any | None:
+        """The open handle of type ``kind`` that the running cell's new one, which will define
+        and register ``identity``, replaces (hot reload in place: a C++ library).
 
-        This is the hot-reload lookup of front ends whose handles must be swapped in place
-        (a C++ library that defines the same operators): a cell with a key gets what its
-        previous run tracked; a cell without one (a terminal IPython, nbclient) gets the
-        newest handle of a key-less cell for which ``same_cell(handle)`` says that cell is
-        this one (e.g. it defined the same namespaces).
+        First the handle of any cell that defines something the new one defines (torch keeps
+        one ``TORCH_LIBRARY`` per namespace; the run's notes then name that cell), else the
+        newest handle of a cell this run re-runs (:func:`_reruns`).
         """
         run = self._run
         if run is None:
             return None
-        if run.has_key:
-            records = [self._previous] if self._previous is not None else []
-        else:
-            records = [r for r in reversed(self._records.values()) if not r.has_key]
-        for record in records:
-            for tracked in reversed(record.handles):
-                handle = tracked.handle
-                if not tracked.is_open or not isinstance(handle, kind):
-                    continue
-                if run.has_key or same_cell(handle):
-                    return handle
-        return None
+        handles = [
+            (record, tracked)
+            for record in reversed(self._records.values())
+            for tracked in reversed(record.handles)
+            if tracked.is_open and isinstance(tracked.handle, kind)
+        ]
+        for record, tracked in handles:
+            if tracked.identity.defines & identity.defines:
+                if not _reruns(run, identity, record):
+                    self._taken_over.append((tracked, record))
+                return tracked.handle
+        return next(
+            (tracked.handle for record, tracked in handles if _reruns(run, identity, record)),
+            None,
+        )
 
     # ---------------------------------------------------------------- queries
 
@@ -374,12 +424,25 @@ class Session:
         return list(self._records.values())
 
     def displaced(self) -> list[str]:
-        """What of other cells the running cell has replaced so far, for its summary."""
+        """What of other cells the running cell has replaced so far, for its summary (not
+        what it replaced of its own earlier run: see :func:`_reruns`)."""
         run, previous = self._run, self._previous
+        identity = run.identity if run is not None else CellIdentity()
+
+        def other(owner: CellRecord) -> bool:
+            return run is not None and owner not in (run, previous) and not _reruns(
+                run, identity, owner
+            )
+
         notes = [
             f"replaced cell {owner.label}'s {registration.describe()}"
             for registration, owner in self._evicted
-            if owner is not run and owner is not previous
+            if other(owner)
+        ]
+        notes += [
+            f"replaced cell {owner.label}'s {tracked.description}"
+            for tracked, owner in self._taken_over
+            if not tracked.is_open
         ]
         defined = {op for kind, op in run.defined if kind == "def"} if run else set()
         notes += [
@@ -390,6 +453,16 @@ class Session:
             if change.qualname in defined
         ]
         return notes
+
+    def definition_site(self, qualname: str) -> str | None:
+        """``cell [3], line 2``: where the session's definition of ``ns::name`` in effect was
+        made, named by the run that made it (a later run of the same source has another
+        number), or ``None`` when no cell made it."""
+        for record, registration in self._applied():
+            defines = registration.kind == "def" and registration.op.partition(".")[0] == qualname
+            if defines and record is not self._outside:
+                return f"cell {record.label}, line {registration.site[1]}"
+        return None
 
     def owns_definition(self, qualname: str) -> bool:
         """Whether the session made the definition of ``ns::name`` (any overload)."""
@@ -591,11 +664,11 @@ class Session:
         if previous is not None:
             self._records.pop(previous.key, None)
             self._teardown(previous, revert=False)
-        if not run.has_key and run.defined:
-            for record in list(self._records.values()):
-                if not record.has_key and record.defined and record.defined <= run.defined:
-                    del self._records[record.key]
-                    self._teardown(record, revert=True)
+        identity = run.identity
+        for record in list(self._records.values()):
+            if _reruns(run, identity, record):  # key-less cells it re-runs (keyed: done above)
+                del self._records[record.key]
+                self._teardown(record, revert=True)
         changed = {(id(c.opdef()), c.part) for c in run.changes}
         for record in list(self._records.values()):
             # registrations whose Library was destroyed or collected are gone already
@@ -692,6 +765,19 @@ class Session:
             with failures.kept():
                 tracked.close()
         failures.raise_first()
+
+
+def _reruns(run: CellRecord, identity: CellIdentity, earlier: CellRecord) -> bool:
+    """Whether ``run`` (defining and registering ``identity``) is a re-run of the cell that
+    made ``earlier``: the same cell key; without keys, a run that defines all that the
+    earlier one defined, or, where neither defines anything, registers the same C++ blocks."""
+    if run.has_key or earlier.has_key:
+        return run.key == earlier.key
+    before = earlier.identity
+    if before.defines:
+        return before.defines <= identity.defines
+    same_blocks = bool(before.registers) and before.registers == identity.registers
+    return same_blocks and not identity.defines
 
 
 class _Failures:

@@ -27,7 +27,6 @@ Triton compiled for the old ones is dropped.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ from ..native.triton import (
 from .custom_op import (
     CustomOpResult,
     KernelRow,
-    custom_op_kernels,
     define_op_from_source,
     parse_operator_name,
     source_file,
@@ -78,21 +76,20 @@ class TritonOpResult(CustomOpResult):
     why: str = ""  # why that mode: "this torch is a CPU build: ...", "compiled for H100"
     triton_kernels: tuple[TritonKernelRow, ...] = ()
 
-    @functools.cached_property
-    def kernels(self) -> tuple[KernelRow, ...]:
-        """What serves each key, as for a custom op; the rule ``triton_op`` itself registers
-        for functionalization said in words instead of naming torch's (or opmagic's) code."""
-        rows = custom_op_kernels(self.op, self.table)
+    def __post_init__(self) -> None:
+        """The custom op's table and kernels; the rule ``triton_op`` itself registers for
+        functionalization said in words instead of naming torch's (or opmagic's) code."""
+        super().__post_init__()
         what = (
             "keeps the op whole (interpreted kernels cannot be traced)"
             if self.mode == INTERPRETER
             else "decomposes into the launcher (torch.compile sees the kernels)"
         )
-        return tuple(
+        self.kernels = tuple(
             KernelRow(row.key, row.role, f"(triton_op: {what})", "")
             if row.role == f"rule under {_FUNCTIONALIZATION}"
             else row
-            for row in rows
+            for row in self.kernels
         )
 
 

@@ -20,6 +20,7 @@ from .._torch import dispatcher
 from ..errors import OpmagicError
 from .ops import op_ref
 from .resolve import Resolution, resolve
+from .torch_functions import unbind
 from .trace import Trace, trace
 
 
@@ -47,6 +48,7 @@ class CallContext:
 
     def resolve(self, op: Any, *args: Any, **kwargs: Any) -> Resolution:
         """``opmagic.resolve(op, *args, **kwargs)`` inside this context; nothing runs."""
+        op, args = unbind(op, args)  # x.add: x is converted (faked, batched) with the rest
         with self._entered() as convert:
             args, kwargs = _map_tensors(convert, args, kwargs)
             if self.vmap:
@@ -56,7 +58,9 @@ class CallContext:
     def trace(self, op: Any, *args: Any, **kwargs: Any) -> Trace:
         """``opmagic.trace`` of one call of ``op`` inside this context: the call runs (on fake
         tensors under ``fake``; mapped over dim 0 of its tensor arguments under ``vmap``)."""
-        overload = op_ref(op).op_overload()
+        op, args = unbind(op, args)
+        ref = op_ref(op)
+        overload = ref.packet() if ref.overload is None else ref.op_overload()
         with self._entered() as convert:
             args, kwargs = _map_tensors(convert, args, kwargs)
             if not self.vmap:

@@ -1,7 +1,9 @@
 """Turning whatever the user passes as an operator into a dispatcher name.
 
 Accepted: ``"ns::name"``, ``"ns::name.overload"``, ``"ns.name.overload"``,
-``"torch.ops.ns.name"``, an ``OpOverload``, an ``OpOverloadPacket`` or a ``CustomOpDef``.
+``"torch.ops.ns.name"``, an ``OpOverload``, an ``OpOverloadPacket``, a ``CustomOpDef``, or a
+torch function or Tensor method standing for an aten operator (``torch.add``, ``x.add``:
+see torch_functions.py).
 Unknown names raise :class:`~opmagic.errors.UnknownOperatorError` with close matches.
 """
 
@@ -16,13 +18,13 @@ import torch
 
 from .._torch import dispatcher
 from ..errors import NotAnOperatorError, UnknownOperatorError
+from .torch_functions import aten_name
 
 if TYPE_CHECKING:
-    from torch._ops import OpOverload
+    from torch._ops import OpOverload, OpOverloadPacket
 
 # the one grammar of the names in "namespace::name.overload" (and of C++ library names)
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
 
 
 def is_identifier(text: str) -> bool:
@@ -34,8 +36,11 @@ def is_operator_name(text: str) -> bool:
     """Whether ``text`` is spelled ``namespace::name`` or ``namespace::name.overload``."""
     namespace, separator, rest = text.partition("::")
     name, dot, overload = rest.partition(".")
-    return bool(separator) and is_identifier(namespace) and is_identifier(name) and (
-        not dot or is_identifier(overload)
+    return (
+        bool(separator)
+        and is_identifier(namespace)
+        and is_identifier(name)
+        and (not dot or is_identifier(overload))
     )
 
 
@@ -61,45 +66,16 @@ class OpRef:
         """The same operator with one overload chosen."""
         return OpRef(self.namespace, self.name, overload)
 
+    def packet(self) -> OpOverloadPacket:
+        """The ``torch.ops`` packet of this operator (called, it picks the overload)."""
+        return getattr(getattr(torch.ops, self.namespace), self.name)
+
     def op_overload(self) -> OpOverload:
         """The ``torch.ops`` object of this overload."""
-        packet = getattr(getattr(torch.ops, self.namespace), self.name)
-        return getattr(packet, self.overload or "default")
+        return getattr(self.packet(), self.overload or "default")
 
     def __str__(self) -> str:
         return self.dispatcher_name
-
-
-class _OpIndex:
-    """Overload names per ``ns::name``, rebuilt from the dispatcher whenever a lookup misses."""
-
-    def __init__(self) -> None:
-        self._overloads: dict[str, list[str]] = {}
-
-    def refresh(self) -> None:
-        overloads: dict[str, list[str]] = {}
-        for full in dispatcher.all_op_names():
-            qualname, _, overload = full.partition(".")
-            overloads.setdefault(qualname, []).append(overload)
-        for names in overloads.values():
-            names.sort(key=lambda o: (o != "", o))
-        self._overloads = overloads
-
-    def overloads(self, qualname: str) -> list[str]:
-        if qualname not in self._overloads:
-            self.refresh()
-        names = self._overloads.get(qualname, [])
-        if names and dispatcher.find_schema(qualname, names[0]) is None:  # removed since indexed
-            self.refresh()
-            names = self._overloads.get(qualname, [])
-        return list(names)
-
-    def qualnames(self) -> list[str]:
-        self.refresh()
-        return list(self._overloads)
-
-
-_index = _OpIndex()
 
 
 @dataclass(frozen=True)
@@ -131,31 +107,50 @@ def op_parameters(ref: OpRef) -> tuple[OpParameter, ...]:
 
 
 def all_qualnames() -> list[str]:
-    """Every ``ns::name`` the dispatcher knows right now."""
-    return _index.qualnames()
+    """Every ``ns::name`` the dispatcher knows right now (read afresh: ops come and go)."""
+    return list(_full_index())
 
 
 def overloads_of(ref: OpRef) -> list[str]:
-    """Overload names of an operator (``""`` for the default one), default first."""
-    return _index.overloads(ref.qualname)
+    """Overload names of an operator (``""`` for the default one), default first.
+
+    Asks the dispatcher about this one operator: listing all ~3,600 of them is for what
+    needs every name (close-match suggestions, the explorer's search).
+    """
+    return _default_first(list(dispatcher.overload_names(ref.qualname)))
 
 
 def op_ref(op: Any) -> OpRef:
     """Normalise any accepted operator spelling into an :class:`OpRef` that exists."""
     ref = _parse(op)
-    known = _index.overloads(ref.qualname)
+    if ref.overload is None and next(dispatcher.overload_names(ref.qualname), None) is not None:
+        return ref
+    if ref.overload is not None and dispatcher.has_operator(ref.dispatcher_name):
+        return ref
+    known = overloads_of(ref)
     if not known:
         raise UnknownOperatorError(_unknown_op_message(ref.qualname))
-    if ref.overload is not None and ref.overload not in known:
-        shown = ", ".join(_overload_label(o) for o in known)
-        close = difflib.get_close_matches(ref.overload, known, n=1)
-        guess = f" Did you mean {close[0]!r}?" if close else ""
-        raise UnknownOperatorError(
-            f"{ref.qualname} has no overload {ref.overload!r}.{guess} Its overloads: {shown}. "
-            f"Use '{ref.qualname}.<overload>' with one of them, or '{ref.qualname}' to let "
-            "opmagic pick the overload from the arguments."
-        )
-    return ref
+    shown = ", ".join(_overload_label(o) for o in known)
+    close = difflib.get_close_matches(str(ref.overload), known, n=1)
+    guess = f" Did you mean {close[0]!r}?" if close else ""
+    raise UnknownOperatorError(
+        f"{ref.qualname} has no overload {ref.overload!r}.{guess} Its overloads: {shown}. "
+        f"Use '{ref.qualname}.<overload>' with one of them, or '{ref.qualname}' to let "
+        "opmagic pick the overload from the arguments."
+    )
+
+
+def _full_index() -> dict[str, list[str]]:
+    """Overload names per ``ns::name`` of every operator, built from the dispatcher's list."""
+    overloads: dict[str, list[str]] = {}
+    for full in dispatcher.all_op_names():
+        qualname, _, overload = full.partition(".")
+        overloads.setdefault(qualname, []).append(overload)
+    return overloads
+
+
+def _default_first(overloads: list[str]) -> list[str]:
+    return sorted(overloads, key=lambda o: (o != "", o))
 
 
 def _overload_label(overload: str) -> str:
@@ -168,7 +163,10 @@ def _parse(op: Any) -> OpRef:
         return OpRef(*parts)
     if isinstance(op, str):
         return _parse_string(op)
-    raise NotAnOperatorError(_not_an_operator_message(op))
+    name = aten_name(op)
+    if name is None:
+        raise NotAnOperatorError(_not_an_operator_message(op))
+    return OpRef("aten", name, None)
 
 
 def _parse_string(text: str) -> OpRef:
@@ -204,9 +202,18 @@ def _parse_string(text: str) -> OpRef:
 
 
 def _unknown_op_message(qualname: str) -> str:
-    candidates = _index.qualnames()
-    close = difflib.get_close_matches(qualname, candidates, n=5, cutoff=0.6)
+    index = _full_index()
     namespace, _, name = qualname.partition("::")
+    if qualname in index:  # kernels registered under named overloads, never defined
+        names = ", ".join(
+            repr(OpRef(namespace, name, o).dispatcher_name) for o in _default_first(index[qualname])
+        )
+        return (
+            f"{qualname!r} has no definition, only kernels registered for {names}: pass one "
+            "of those, or define the operator (torch.library.Library.define)."
+        )
+    candidates = list(index)
+    close = difflib.get_close_matches(qualname, candidates, n=5, cutoff=0.6)
     if not close:  # same name in another namespace, e.g. "mylib::add" -> "aten::add"
         close = [c for c in candidates if c.endswith(f"::{name}")][:5]
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
@@ -220,15 +227,10 @@ def _unknown_op_message(qualname: str) -> str:
 
 
 def _not_an_operator_message(op: Any) -> str:
-    kind = type(op).__name__
     name = getattr(op, "__name__", None)
-    if callable(op) and name:
-        return (
-            f"Expected an operator, got the {kind} {name!r}. Pass the dispatcher operator "
-            f"instead: torch.ops.aten.{name} (or the string 'aten::{name}'), a torch.ops.ns.name "
-            "object, or the op returned by torch.library.custom_op."
-        )
+    what = f"the {type(op).__name__} {name!r}" if callable(op) and name else repr(op)
     return (
-        f"Expected an operator ('ns::name[.overload]', torch.ops.ns.name[.overload] or a custom "
-        f"op), got {kind} {op!r}."
+        f"Expected an operator, got {what}. Pass an operator ('ns::name[.overload]', "
+        "torch.ops.ns.name[.overload] or a custom op), or a torch function or Tensor method "
+        "that stands for one (torch.add, torch.Tensor.add, torch.nn.functional.silu)."
     )

@@ -7,6 +7,7 @@ paths inside torch, names Python callables by their definition, and lets a front
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -42,6 +43,7 @@ def label_location(filename: str, line: int) -> str:
     return f"{shorten_path(filename)}:{line}"
 
 
+@functools.lru_cache(maxsize=4096)
 def shorten_path(path: str) -> str:
     """Drop build and install prefixes (``.../pytorch/pytorch/aten/x.cpp`` -> ``aten/x.cpp``)."""
     for root in _TORCH_ROOTS:
@@ -62,8 +64,10 @@ def label_site(site: str | None) -> str:
     return label_location(*located)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_site(site: str | None) -> tuple[str, int] | None:
-    """``(file, line)`` of a site as torch records it (``registered at FILE:LINE``), or None."""
+    """``(file, line)`` of a site as torch records it (``registered at FILE:LINE``), or None
+    (remembered: every table names its sites when it is made, and they repeat)."""
     match = _SITE.match(site.strip()) if site else None
     return None if match is None else (match["file"], int(match["line"]))
 

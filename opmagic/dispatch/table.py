@@ -7,7 +7,6 @@ for ``torch.library.custom_op`` operators, with the user's Python functions behi
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,7 @@ from .sites import label_callable, label_site, parse_site
 if TYPE_CHECKING:
     import pandas
 
-    from ..view.graph import Diagram
+    from ..view.diagram import Diagram
 
 KINDS = (
     "kernel",
@@ -56,10 +55,6 @@ _TORCH_KIND = {
     "backend fallback": ("fallback", None),
     "ambiguous autogradother": ("ambiguous", None),
 }
-_REG_LINE = re.compile(
-    r"^(?P<key>\w+)(?P<alias>\[alias\])?(?P<inactive> \(inactive\))?: (?P<site>.*?)"
-    r"(?: :: (?P<sig>.*?))?(?: \[ (?P<flags>[\w ]+) \])?$"
-)
 
 
 @dataclass(frozen=True)
@@ -74,6 +69,11 @@ class TableEntry:
     explanation: str  # what the key is for (from the catalogue)
     impl: str | None = None  # the Python function behind the kernel, when opmagic can tell
     is_fallback: bool = False  # the kernel is the key's process-wide backend fallback
+    source: str = field(init=False)  # for display: the function, else the registration site
+
+    def __post_init__(self) -> None:
+        # named now, not when shown: a cell's site label changes as cells re-run or unload
+        object.__setattr__(self, "source", self.impl or label_site(self.site))
 
     @property
     def has_kernel(self) -> bool:
@@ -85,11 +85,6 @@ class TableEntry:
         """Whether the op's own registrations serve this key (not a process-wide fallback or
         fallthrough, not nothing)."""
         return self.kind in OWN_KINDS or (self.kind == "fallthrough" and not self.is_fallback)
-
-    @property
-    def source(self) -> str:
-        """Where the kernel came from, for display: the function, else the registration site."""
-        return self.impl or label_site(self.site)
 
     @property
     def kind_label(self) -> str:
@@ -123,11 +118,11 @@ class Registration:
     site: str
     active: bool  # False when a later registration to the same key overrides it
     signature: str | None = None
+    fallthrough: bool = False  # a fallthrough kernel: the dispatcher skips the key
+    source: str = field(init=False)  # the site shortened for display, named when read
 
-    @property
-    def source(self) -> str:
-        """Registration site shortened for display."""
-        return label_site(self.site)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", label_site(self.site))
 
 
 @dataclass(frozen=True)
@@ -193,7 +188,8 @@ def dispatch_table(op: Any, *, all_overloads: bool = False) -> DispatchTable | O
     """The dispatch table of an operator.
 
     ``op`` names one overload (``"aten::add.Tensor"``, an OpOverload, a custom op) or a
-    packet (``"aten::add"``, ``torch.ops.aten.add``). A packet gives its default overload's
+    packet (``"aten::add"``, ``torch.ops.aten.add``, or a torch function or Tensor method
+    standing for one: ``torch.add``, ``torch.Tensor.add``). A packet gives its default overload's
     table when it has one, else (or with ``all_overloads=True``) an :class:`OverloadTables`.
     """
     ref = op_ref(op)
@@ -209,12 +205,7 @@ def dispatch_table(op: Any, *, all_overloads: bool = False) -> DispatchTable | O
 
 def table_for(ref: OpRef) -> DispatchTable:
     """The table of one resolved overload."""
-    table = OperatorTable(ref)
-    entries = [table.entry(info.name) for info in catalogue().runtime]
-    entries.append(table.entry("Undefined"))
-    return DispatchTable(
-        ref.dispatcher_name, table.schema, tuple(entries), tuple(table.registrations)
-    )
+    return OperatorTable(ref).table()
 
 
 class OperatorTable:
@@ -233,6 +224,7 @@ class OperatorTable:
         self._registrations: list[Registration] | None = None
         self._describe = _custom_op_describer(ref.qualname)
         self._entries: dict[str, TableEntry] = {}
+        self._alias_sites: dict[str, str | None] = {}
 
     @property
     def registrations(self) -> list[Registration]:
@@ -243,12 +235,23 @@ class OperatorTable:
             )
         return self._registrations
 
+    def table(self) -> DispatchTable:
+        """Every runtime key's entry (and ``Undefined``'s) as a :class:`DispatchTable`; the
+        entries made already (``resolve``'s path) are the same objects."""
+        entries = [self.entry(info.name) for info in catalogue().runtime]
+        entries.append(self.entry("Undefined"))
+        return DispatchTable(
+            self.ref.dispatcher_name, self.schema, tuple(entries), tuple(self.registrations)
+        )
+
     def alias_site(self, alias: str) -> str | None:
         """The site of the active kernel registered to an alias key, if there is one."""
-        for reg in self.registrations:
-            if reg.active and reg.is_alias and reg.key == alias:
-                return reg.site
-        return None
+        if alias not in self._alias_sites:
+            self._alias_sites[alias] = next(
+                (r.site for r in self.registrations if r.active and r.is_alias and r.key == alias),
+                None,
+            )
+        return self._alias_sites[alias]
 
     def has_alias_kernel(self, alias: str) -> bool:
         """Whether a kernel is registered (and active) for an alias key."""
@@ -371,18 +374,29 @@ def parse_registrations(text: str) -> list[Registration]:
         line = line.strip()
         if not line or line.split(":", 1)[0] in ("name", "schema", "debug", "alias analysis kind"):
             continue
-        match = _REG_LINE.match(line)
-        if match:
-            registrations.append(
-                Registration(
-                    match["key"],
-                    bool(match["alias"]),
-                    match["site"],
-                    not match["inactive"],
-                    match["sig"],
-                )
-            )
+        registration = _registration(line)
+        if registration is not None:
+            registrations.append(registration)
     return registrations
+
+
+def _registration(line: str) -> Registration | None:
+    """One ``KEY[alias] (inactive): SITE :: SIGNATURE [ FLAGS ]`` line (every part after the
+    key's optional), read with string methods: a regular expression took six times as long,
+    and every table, resolution and library load reads these."""
+    head, colon, rest = line.partition(": ")
+    inactive = head.endswith(" (inactive)")
+    head = head.removesuffix(" (inactive)")
+    is_alias = head.endswith("[alias]")
+    key = head.removesuffix("[alias]")
+    if not colon or not key.isidentifier():
+        return None
+    flags = ""
+    if rest.endswith(" ]") and (cut := rest.rfind(" [ ")) >= 0:
+        rest, flags = rest[:cut], rest[cut + 3 : -2]  # the kernel's flags
+    site, _, signature = rest.partition(" :: ")
+    fallthrough = "fallthrough" in flags.split()
+    return Registration(key, is_alias, site, not inactive, signature or None, fallthrough)
 
 
 def _custom_op_describer(qualname: str) -> Any:

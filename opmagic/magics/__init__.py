@@ -1,7 +1,8 @@
 """The IPython front: ``%load_ext opmagic`` registers every opmagic magic.
 
 Each magic class lives in its own module here and is a thin front on a public opmagic
-function. IPython is imported only when the extension is loaded. Loading also starts the
+function; each runs its work in :func:`~opmagic.magics.context.magic_context`, the one error
+policy. IPython is imported only when the extension is loaded. Loading also starts the
 cell session (``SessionMagics``: every cell's torch.library registrations become
 re-runnable) and the warm-ups (:data:`WARM_UPS`); unloading removes everything the session's
 cells registered.
@@ -19,9 +20,11 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("triton_op", "TritonOpMagics"),
     ("torch_library", "TorchLibraryMagics"),
     ("cuda_kernel", "CudaKernelMagics"),
-    ("views", "ViewMagics"),
+    ("dispatch", "DispatchMagics"),
+    ("kernels", "KernelsMagics"),
     ("compare", "CompareMagics"),
     ("trace", "TraceMagics"),
+    ("diff", "DiffMagics"),
 ]
 
 # (module, function) of every warm-up: work that ``%load_ext opmagic`` starts in the

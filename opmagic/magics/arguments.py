@@ -4,8 +4,10 @@ An :class:`Option` is an argparse argument as data. A bundle (a tuple of options
 applied to a magic with :func:`with_options`, as IPython's ``script_args`` does, or to an
 argparse parser with :func:`add_options`: ``%%torch_library`` and ``%%cuda_kernel`` share
 :data:`BUILD_OPTIONS`, the cell magics :data:`COMPARE_OPTIONS`, ``%%custom_op`` and
-``%%triton_op`` :data:`PYTHON_OP_OPTIONS`; ``%dispatch`` and the CLI's ``resolve`` share
-:data:`CONTEXT_OPTIONS`.
+``%%triton_op`` :data:`PYTHON_OP_OPTIONS`; ``%dispatch``, ``%%trace`` and the CLI's
+``resolve`` share :data:`CONTEXT_OPTIONS`; ``%kernels`` and the CLI's ``kernels`` share
+:data:`KERNELS_OPTIONS`. The values of options are read here too: :func:`evaluate` (a Python
+expression) and :func:`names` (a comma-separated list).
 """
 
 from __future__ import annotations
@@ -263,9 +265,79 @@ def mutates_args(options: argparse.Namespace) -> tuple[str, ...] | str:
     return "unknown" if text == "unknown" else tuple(names(text))
 
 
+def check_arguments(options: argparse.Namespace, namespace: dict[str, Any]) -> tuple | None:
+    """The sample arguments ``--check EXPR`` of parsed :data:`PYTHON_OP_OPTIONS` gives, EXPR
+    evaluated in ``namespace`` (a tuple is the argument list); ``None`` without ``--check``."""
+    if options.check is None:
+        return None
+    value = evaluate(options.check, namespace, "--check")
+    return value if isinstance(value, tuple) else (value,)
+
+
+# ---------------------------------------------------------------- kernels per dispatch key
+
+KERNELS_OPTIONS: tuple[Option, ...] = (  # of %kernels and `python -m opmagic kernels`
+    Option(
+        ("ns",),
+        {"nargs": "?", "metavar": "NS", "help": "only operators of this namespace, e.g. aten"},
+    ),
+    Option(("-n", "--namespace"), {"metavar": "NS", "help": "the same as NS"}),
+    Option(
+        ("-k", "--key"),
+        {
+            "action": "append",
+            "help": "a runtime key to show (repeat for several; 'all' for every key)",
+        },
+    ),
+    Option(
+        ("-m", "--missing"),
+        {
+            "metavar": "KEY",
+            "help": "only operators without a kernel of their own for KEY (e.g. Meta)",
+        },
+    ),
+    Option(
+        ("--wide",),
+        {
+            "dest": "long",
+            "action": "store_false",
+            "default": False,
+            "help": "a row per operator, a column per key (the default)",
+        },
+    ),
+    Option(
+        ("--long",),
+        {
+            "action": "store_true",
+            "default": False,
+            "help": "a row per (operator, key) kernel with its source, instead of operators x keys",
+        },
+    ),
+)
+
+
+def kernels_keywords(options: argparse.Namespace) -> dict[str, Any]:
+    """``opmagic.kernels`` arguments from parsed :data:`KERNELS_OPTIONS`."""
+    if options.ns and options.namespace and options.ns != options.namespace:
+        from IPython.core.error import UsageError
+
+        raise UsageError(
+            f"two namespaces, {options.ns!r} and --namespace {options.namespace!r}: give one."
+        )
+    keys = None
+    if options.key:
+        keys = "all" if options.key == ["all"] else options.key
+    return {
+        "namespace": options.ns or options.namespace,
+        "keys": keys,
+        "wide": not options.long,
+        "missing": options.missing,
+    }
+
+
 # ---------------------------------------------------------------- comparing a cell's op
 
-COMPARE_OPTIONS: tuple[Option, ...] = (  # of %%custom_op, %%torch_library and %%cuda_kernel
+COMPARE_OPTIONS: tuple[Option, ...] = (  # of the cell magics that make an op
     Option(
         ("--compare",),
         {

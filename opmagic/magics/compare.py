@@ -16,13 +16,14 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from ..cells.compare import DEFAULT_MIN_RUN_TIME, Comparison, compare
 from ..cells.cuda_kernel import CudaKernelResult
 from ..cells.custom_op import CustomOpResult
 from ..dispatch.ops import is_operator_name
 from ..errors import OpmagicError
 from ..native import LoadedLibrary
-from .arguments import parse_options
+from ..verify.compare import DEFAULT_MIN_RUN_TIME, Comparison, compare
+from .arguments import evaluate, names, parse_options
+from .context import magic_context
 
 _EXAMPLE = "%compare my_add torch.add --inputs make_inputs --sizes 1024 65536"
 _CELL_EXAMPLE = '--compare "torch.add --inputs make_inputs --sizes 1024 65536"'
@@ -99,70 +100,70 @@ class CompareMagics(Magics):
 
         Ctrl-C stops the sweep and keeps the cases measured so far.
         """
-        return run_compare(self.shell, line, "%compare")
+        with magic_context("%compare"):
+            return run_compare(self.shell, line)
 
 
-def run_compare(shell: Any, line: str, magic: str, cell_result: Any = None) -> Comparison:
+def run_compare(shell: Any, line: str, cell_result: Any = None) -> Comparison:
     """Parse %compare's arguments, evaluate them in the user namespace and compare.
 
     ``cell_result`` is what a cell magic made: its op is the candidate unless ``line`` names
     two functions.
     """
+    example = _EXAMPLE if cell_result is None else _CELL_EXAMPLE
     try:
         args = parse_options(CompareMagics.compare, line)
-    except UsageError as error:  # argparse's message, without the magic's name
-        example = _CELL_EXAMPLE if magic.endswith("--compare") else _EXAMPLE
-        raise UsageError(f"{magic}: {error}. Write e.g. {example}") from None
+    except UsageError as error:  # argparse's message: say how the line is written
+        raise UsageError(f"{error}. Write e.g. {example}") from None
     functions = list(args.functions)
     if cell_result is not None and len(functions) == 1:
-        candidate, candidate_name = _cell_candidate(cell_result, functions[0], magic)
+        candidate, candidate_name = _cell_candidate(cell_result, functions[0])
         functions = [candidate_name, *functions]
     elif len(functions) != 2:
         raise UsageError(
-            f"{magic} takes the candidate and the reference, got {len(functions)} "
-            f"expression(s): {' '.join(functions)}. Write e.g. {_EXAMPLE}"
+            f"takes the candidate and the reference, got {len(functions)} "
+            f"expression(s): {' '.join(functions)}. Write e.g. {example}"
         )
     else:
-        candidate = _evaluate(shell, functions[0], "the candidate", magic)
-    reference = _evaluate(shell, functions[1], "the reference", magic)
-    inputs = _evaluate(shell, args.inputs, "--inputs", magic)
+        candidate = _evaluate(shell, functions[0], "the candidate")
+    reference = _evaluate(shell, functions[1], "the reference")
+    inputs = _evaluate(shell, args.inputs, "--inputs")
     sizes = None
     if args.sizes:
-        sizes = list(_flatten(_evaluate(shell, s, "--sizes", magic) for s in args.sizes))
-    try:
-        return compare(
-            candidate,
-            reference,
-            inputs,
-            sizes=sizes,
-            dtypes=_names(args.dtypes),
-            devices=_names(args.devices),
-            rtol=args.rtol,
-            atol=args.atol,
-            backward=args.backward,
-            min_run_time=args.min_run_time,
-            names=(functions[0], functions[1]),
-        )
-    except OpmagicError as error:
-        raise UsageError(f"{magic}: {error}") from error
+        sizes = list(_flatten(_evaluate(shell, s, "--sizes") for s in args.sizes))
+    return compare(
+        candidate,
+        reference,
+        inputs,
+        sizes=sizes,
+        dtypes=names(args.dtypes) or None,
+        devices=names(args.devices) or None,
+        rtol=args.rtol,
+        atol=args.atol,
+        backward=args.backward,
+        min_run_time=args.min_run_time,
+        names=(functions[0], functions[1]),
+    )
 
 
 def compare_cell(shell: Any, spec: str | None, result: Any, magic: str) -> Any:
     """``--compare SPEC`` of a cell magic: compare the op the cell made (when ``spec`` is
     given), display the comparison, and hand back ``result`` unchanged.
 
-    The cell has already succeeded: a SPEC that cannot run prints its usage error and leaves
-    the op in place (failing the cell would unload what it just loaded).
+    The cell has already succeeded: a SPEC that cannot run prints its error (its class and
+    message, once) and leaves the op in place (failing the cell would unload what it just
+    loaded).
     """
     if spec is not None:
         try:
-            display(run_compare(shell, spec, f"{magic} --compare", result))
-        except UsageError as error:
-            print(f"UsageError: {error}", file=sys.stderr)
+            with magic_context(f"{magic} --compare"):
+                display(run_compare(shell, spec, result))
+        except (UsageError, OpmagicError) as error:
+            print(f"{type(error).__name__}: {error}", file=sys.stderr)
     return result
 
 
-def _cell_candidate(result: Any, reference: str, magic: str) -> tuple[Any, str]:
+def _cell_candidate(result: Any, reference: str) -> tuple[Any, str]:
     """The operator a cell made, and its name, as the candidate of ``--compare``."""
     if isinstance(result, CustomOpResult):
         return result.op, result.qualname
@@ -182,21 +183,16 @@ def _cell_candidate(result: Any, reference: str, magic: str) -> tuple[Any, str]:
     )
     quoted = f"'{reference}'" if " " in reference else reference
     raise UsageError(
-        f"{magic}: {made}, so name the candidate before the reference: --compare "
+        f"{made}, so name the candidate before the reference: --compare "
         f'"CANDIDATE {quoted} --inputs ..." (CANDIDATE: ns::name or an expression).'
     )
 
 
-def _evaluate(shell: Any, text: str, what: str, magic: str) -> Any:
+def _evaluate(shell: Any, text: str, what: str) -> Any:
     """An expression's value in the user namespace (``ns::name`` stays an operator name)."""
     if is_operator_name(text.strip()):
         return text.strip()
-    try:
-        return eval(text, shell.user_ns)
-    except Exception as error:  # the user's expression: a usage problem
-        raise UsageError(
-            f"{magic} could not evaluate {what}, {text!r}: {type(error).__name__}: {error}"
-        ) from error
+    return evaluate(text, shell.user_ns, what)
 
 
 def _flatten(values: Iterable[Any]) -> Iterable[Any]:
@@ -206,10 +202,3 @@ def _flatten(values: Iterable[Any]) -> Iterable[Any]:
             yield from value
         else:
             yield value
-
-
-def _names(tokens: list[str] | None) -> list[str] | None:
-    """``["float32", "float16"]`` from ``float32 float16`` or ``float32,float16``."""
-    if not tokens:
-        return None
-    return [name for token in tokens for name in token.split(",") if name]

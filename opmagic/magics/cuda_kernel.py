@@ -18,7 +18,6 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.cuda_kernel import CudaKernelResult, cuda_kernel_from_source
 from ..cells.session import active_session
-from ..errors import CompileError, OpmagicError
 from ..native.blocks import scan_blocks
 from ..native.cuda.library import compile_cuda_library
 from .arguments import (
@@ -31,6 +30,7 @@ from .arguments import (
     with_options,
 )
 from .compare import compare_cell
+from .context import magic_context
 from .session import running_cell_number
 from .torch_library import CELL_BODY_FIRST_LINE, load_library_cell
 
@@ -112,23 +112,26 @@ class CudaKernelMagics(Magics):
         Without a GPU both paths compile (errors point at cell lines) and register; launching
         raises NoGPUError. Re-running a cell replaces what it made.
         """
-        args = parse_options(self.cuda_kernel, line)
         magic = "%%cuda_kernel"
-        if scan_blocks(cell):
-            quick = [f"--{o}" for o in ("op", "launch", "schema") if getattr(args, o)]
-            self._refuse(quick, "a cell with TORCH_LIBRARY blocks (the nvcc full path)")
-            return compare_cell(self.shell, args.compare, self._full_path(args, cell), magic)
-        # -I applies to both paths (CUDA's own headers are found by themselves)
-        full = [o for o in given_build_options(args) if o != "--include"]
-        full += ["--whole"] * args.whole
-        self._refuse(full, 'a cell of extern "C" kernels (the NVRTC quick path)')
-        return compare_cell(self.shell, args.compare, self._quick_path(args, line, cell), magic)
+        with magic_context(magic):
+            args = parse_options(self.cuda_kernel, line)
+            if scan_blocks(cell):
+                quick = [f"--{o}" for o in ("op", "launch", "schema") if getattr(args, o)]
+                self._refuse(quick, "a cell with TORCH_LIBRARY blocks (the nvcc full path)")
+                result = self._full_path(args, cell)
+            else:
+                # -I applies to both paths (CUDA's own headers are found by themselves)
+                full = [o for o in given_build_options(args) if o != "--include"]
+                full += ["--whole"] * args.whole
+                self._refuse(full, 'a cell of extern "C" kernels (the NVRTC quick path)')
+                result = self._quick_path(args, line, cell)
+        return compare_cell(self.shell, args.compare, result, magic)
 
     @staticmethod
     def _refuse(given: list[str], what: str) -> None:
         """Options that do not apply to this kind of cell are a usage error."""
         if given:
-            raise UsageError(f"%%cuda_kernel: {', '.join(given)} do not apply to {what}.")
+            raise UsageError(f"{', '.join(given)} do not apply to {what}.")
 
     def _full_path(self, args: Any, cell: str) -> Any:
         """Build, load and register the cell as a CUDA extension source (hot reload)."""
@@ -140,31 +143,26 @@ class CudaKernelMagics(Magics):
             nvcc_flags=joined(args.flags),
             **build_keywords(args),
         )
-        return load_library_cell(self.shell, cell, "%%cuda_kernel", build)
+        return load_library_cell(self.shell, cell, build)
 
     def _quick_path(self, args: Any, line: str, cell: str) -> CudaKernelResult:
         """Compile with NVRTC, bind the launchers and register the op's CUDA kernel."""
         shell = self.shell
         source = f"%%cuda_kernel {line}\n{cell}"
         filename = shell.compile.cache(source, running_cell_number(shell), raw_code=source)
-        try:
-            result = cuda_kernel_from_source(
-                cell,
-                op=args.op,
-                launch=args.launch,
-                schema=args.schema,
-                arch=args.arch,
-                nvrtc_flags=joined(args.flags),
-                include_dirs=args.include_dirs,
-                namespace=shell.user_ns,
-                filename=filename,
-                label=f"cell [{running_cell_number(shell)}]",
-                first_line=CELL_BODY_FIRST_LINE,
-            )
-        except CompileError:
-            raise  # shown beside its cell line
-        except OpmagicError as error:
-            raise UsageError(f"%%cuda_kernel: {error}") from error
+        result = cuda_kernel_from_source(
+            cell,
+            op=args.op,
+            launch=args.launch,
+            schema=args.schema,
+            arch=args.arch,
+            nvrtc_flags=joined(args.flags),
+            include_dirs=args.include_dirs,
+            namespace=shell.user_ns,
+            filename=filename,
+            label=f"cell [{running_cell_number(shell)}]",
+            first_line=CELL_BODY_FIRST_LINE,
+        )
         session = active_session()
         if session is not None:  # the previous run's launchers retire when this run succeeds
             session.track(result, result.description)

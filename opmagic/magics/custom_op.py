@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.custom_op import CustomOpResult, custom_op_from_source
-from ..errors import OpmagicError
+from ..verify import check_op
 from .arguments import (
     COMPARE_OPTIONS,
     PYTHON_OP_OPTIONS,
+    check_arguments,
     mutates_args,
     names,
     parse_options,
     with_options,
 )
 from .compare import compare_cell
+from .context import magic_context
 from .session import running_cell_number
 
 
@@ -91,13 +95,12 @@ class CustomOpMagics(Magics):
             def _(x):
                 return torch.empty_like(x)
         """
-        args = parse_options(self.custom_op, line)
-        device_types = args.device_types
-        devices = names(device_types) if device_types is not None else None
-        source = f"# %%custom_op {line}\n{cell}"
         shell = self.shell
-        filename = shell.compile.cache(source, running_cell_number(shell), raw_code=source)
-        try:
+        with magic_context("%%custom_op"):
+            args = parse_options(self.custom_op, line)
+            devices = names(args.device_types) if args.device_types is not None else None
+            source = f"# %%custom_op {line}\n{cell}"
+            filename = shell.compile.cache(source, running_cell_number(shell), raw_code=source)
             result = custom_op_from_source(
                 source,
                 args.name,
@@ -107,8 +110,8 @@ class CustomOpMagics(Magics):
                 tags=_tags(args.tags),
                 namespace=shell.user_ns,
                 filename=filename,
-                check=args.check,
             )
-        except OpmagicError as error:
-            raise UsageError(f"%%custom_op {args.name}: {error}") from error
-        return compare_cell(shell, args.compare, result, f"%%custom_op {args.name}")
+            samples = check_arguments(args, shell.user_ns)
+            if samples is not None:
+                result = dataclasses.replace(result, checks=check_op(result.op, samples))
+        return compare_cell(shell, args.compare, result, "%%custom_op")

@@ -18,6 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..cells.session import Session, SessionReport
 from ..dispatch.sites import add_labeler, remove_labeler
 from .arguments import parse_options
+from .context import magic_context
 
 _INPUT_CELL = re.compile(r"^<ipython-input-(\d+)-")
 
@@ -119,5 +120,6 @@ class SessionMagics(Magics):
         Re-running a cell replaces what it registered before; ``%unload_ext opmagic``
         removes everything listed here.
         """
-        parse_options(self.opmagic, line)
+        with magic_context("%opmagic"):
+            parse_options(self.opmagic, line)
         return self.cells.session.report()

@@ -1,18 +1,13 @@
 """``%%torch_library``: compile the cell's C++ operator library, load it, show what it added.
 
 A thin front on :func:`opmagic.compile_library`: options, progress in place, the
-compile error shown beside the cell line, and hot reload: re-running a cell replaces the
-library that cell loaded before.
-
-Which earlier library a run replaces: the one the same cell loaded, by the notebook's
-cell id (Jupyter sends one with every execution). Without a cell id (a terminal IPython,
-``run_cell`` without ``cell_id``), a cell is identified by what it defines: the namespaces
-of its ``TORCH_LIBRARY`` blocks, else its ``TORCH_LIBRARY_IMPL`` (namespace, key) pairs
-and ``TORCH_LIBRARY_FRAGMENT`` namespaces.
+compile error shown beside the cell line, and hot reload through the session: which earlier
+library a run replaces is the session's rule (:meth:`opmagic.Session.superseded`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -21,29 +16,15 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
 from IPython.display import display
 
-from ..cells.session import active_session
-from ..errors import BuildOptionError, CompileError, OpmagicError
-from ..native import BuildProgress, LoadedLibrary, compile_library
-from ..native.blocks import scan_blocks
-from ..native.progress import stderr_progress
+from ..cells.session import CellIdentity, active_session
+from ..errors import CompileError, OpmagicError
+from ..native import BuildProgress, LoadedLibrary, compile_library, stderr_progress
 from .arguments import BUILD_OPTIONS, COMPARE_OPTIONS, build_keywords, parse_options, with_options
 from .compare import compare_cell
+from .context import magic_context
 from .session import running_cell_number
 
 CELL_BODY_FIRST_LINE = 2  # line 1 of a %%torch_library cell is the magic line
-
-
-def cell_identity(source: str) -> tuple:
-    """What a cell without a cell id is recognised by across runs (see the module doc)."""
-    defined, pieces = [], []
-    for block in scan_blocks(source):
-        if block.kind == "DEF":
-            defined.append(block.namespace)
-        else:
-            pieces.append((block.namespace, block.key or "FRAGMENT"))
-    if defined:
-        return ("defines", tuple(sorted(set(defined))))
-    return ("registers", tuple(sorted(set(pieces))))
 
 
 class _DisplayProgress:
@@ -68,24 +49,21 @@ class _DisplayProgress:
             self.handle.update(obj)
 
 
-def load_library_cell(
-    shell: Any, cell: str, magic: str, build: Callable[..., LoadedLibrary]
-) -> LoadedLibrary:
+def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]) -> LoadedLibrary:
     """Run ``build(replace=..., label=..., first_line=..., progress=...)`` for this cell.
 
-    Hot reload goes through the session: the library this run replaces is the one the same
-    cell loaded (by the notebook's cell id), or without a cell id the one a cell of the same
-    :func:`cell_identity` loaded; the new library is tracked by the session, so ``%opmagic
-    session`` lists it and ``%unload_ext`` (or a re-run) closes it. In a notebook, progress
-    shows in place and a compile error beside its cell line.
+    Hot reload goes through the session: the library this run replaces is the one
+    :meth:`~opmagic.Session.superseded` names (the same cell's, or the one defining a
+    namespace this cell defines, which the library's notes then name); the new library is
+    tracked by the session, so ``%opmagic session`` lists it and ``%unload_ext`` (or a
+    re-run) closes it. In a notebook, progress shows in place and a compile error beside its
+    cell line.
     """
     session = active_session()
     if session is None:
-        raise OpmagicError(f"{magic} needs the opmagic session: run %load_ext opmagic first.")
-    identity = cell_identity(cell)
-    previous = session.superseded(
-        LoadedLibrary, lambda library: _replaces(identity, cell_identity(library.source))
-    )
+        raise OpmagicError("needs the opmagic session: run %load_ext opmagic first.")
+    identity = CellIdentity.of_source(cell)
+    previous = session.superseded(LoadedLibrary, identity)
     in_notebook = getattr(shell, "kernel", None) is not None
     progress = _DisplayProgress() if in_notebook else stderr_progress
     try:
@@ -100,17 +78,8 @@ def load_library_cell(
             progress.show(error)
             error.displayed = True
         raise
-    except BuildOptionError as error:
-        raise BuildOptionError(f"{magic}: {error}") from None
-    return session.track(library, library.description)
-
-
-def _replaces(identity: tuple, earlier: tuple) -> bool:
-    """Whether a cell of ``identity`` is a re-run of one of ``earlier`` (no cell ids): the same
-    registrations, or a TORCH_LIBRARY namespace in common (it can have only one definition)."""
-    if identity == earlier:
-        return True
-    return identity[0] == earlier[0] == "defines" and bool(set(identity[1]) & set(earlier[1]))
+    library = dataclasses.replace(library, notes=tuple(session.displaced()))
+    return session.track(library, library.description, identity)
 
 
 @magics_class
@@ -133,7 +102,8 @@ class TorchLibraryMagics(Magics):
         cell line; a library that crashes or registers outside its blocks when tried in a
         child process is not loaded; either way the previous version of the cell stays.
         """
-        args = parse_options(self.torch_library, line)
-        build = functools.partial(compile_library, cell, **build_keywords(args))
-        library = load_library_cell(self.shell, cell, "%%torch_library", build)
+        with magic_context("%%torch_library"):
+            args = parse_options(self.torch_library, line)
+            build = functools.partial(compile_library, cell, **build_keywords(args))
+            library = load_library_cell(self.shell, cell, build)
         return compare_cell(self.shell, args.compare, library, "%%torch_library")

@@ -16,8 +16,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from ..dispatch.trace import Trace, trace
-from ..errors import OpmagicError
 from .arguments import CONTEXT_OPTIONS, call_context, parse_options, with_options
+from .context import magic_context
 
 VIEWS = ("tree", "frame", "diagram", "surprises")
 
@@ -45,15 +45,13 @@ class TraceMagics(Magics):
         options as ``%dispatch``'s); ``-o t`` keeps the :class:`~opmagic.Trace` as ``t``
         (``t.result`` is the value of the cell's last expression).
         """
-        options = parse_options(self.trace, line)
-        if options.out is not None and not options.out.isidentifier():
-            raise UsageError(f"-o needs a variable name, not {options.out!r}.")
-        run = self._compiled(cell)
-        try:
+        with magic_context("%%trace"):
+            options = parse_options(self.trace, line)
+            if options.out is not None and not options.out.isidentifier():
+                raise UsageError(f"-o needs a variable name, not {options.out!r}.")
+            run = self._compiled(cell)
             with call_context(options).applied():
                 traced = trace(run)
-        except OpmagicError as exc:
-            raise UsageError(str(exc)) from exc
         if options.out is not None:
             self.shell.user_ns[options.out] = traced
         shown = traced if options.view == "tree" else _view(traced, options.view)

@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any
+import dataclasses
 
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..cells.checks import CheckReport, check_op
 from ..cells.triton_op import TritonOpResult, triton_op_from_source
-from ..errors import OpmagicError, TritonKernelError
+from ..errors import TritonKernelError
+from ..verify import CheckReport, check_op
 from .arguments import (
     COMPARE_OPTIONS,
     PYTHON_OP_OPTIONS,
-    evaluate,
+    check_arguments,
     mutates_args,
     parse_options,
     with_options,
 )
 from .compare import compare_cell
+from .context import magic_context
 from .session import running_cell_number
 
 MAGIC = "%%triton_op"
@@ -75,7 +74,7 @@ class TritonOpMagics(Magics):
         lines and the dispatch table; re-running it replaces the op and its kernels.
         """
         shell = self.shell
-        with _errors_named():
+        with magic_context(MAGIC):
             args = parse_options(self.triton_op, line)
             source = f"# {MAGIC} {line}\n{cell}"
             filename = shell.compile.cache(source, running_cell_number(shell), raw_code=source)
@@ -87,33 +86,20 @@ class TritonOpMagics(Magics):
                 filename=filename,
                 interpret=True if args.interpret else None,
             )
-            if args.check is not None:
-                result.checks = _check(result, args.check, shell.user_ns)
+            samples = check_arguments(args, shell.user_ns)
+            if samples is not None:
+                result = dataclasses.replace(result, checks=_check(result, samples))
         return compare_cell(shell, args.compare, result, MAGIC)
 
 
-@contextlib.contextmanager
-def _errors_named() -> Iterator[None]:
-    """An opmagic error of the cell keeps its class (``TritonKernelError`` and its cell line),
-    its message starting with the magic's name; IPython shows it without internal frames."""
-    try:
-        yield
-    except OpmagicError as error:
-        if not str(error).startswith(f"{MAGIC}: "):
-            error.args = (f"{MAGIC}: {error}", *error.args[1:])
-        raise
-
-
-def _check(result: TritonOpResult, expression: str, namespace: dict[str, Any]) -> CheckReport:
-    """``--check EXPR``: run the op once on the sample arguments (a kernel's error fails the
-    cell there, at the kernel's line, instead of failing every check), then the checks (which
+def _check(result: TritonOpResult, samples: tuple) -> CheckReport:
+    """``--check``: run the op once on the sample arguments (a kernel's error fails the cell
+    there, at the kernel's line, instead of failing every check), then the checks (which
     report any other failure, arguments the op refuses included, in their rows)."""
-    value = evaluate(expression, namespace, "--check")
-    args = value if isinstance(value, tuple) else (value,)
     try:
-        result.op(*args)
+        result.op(*samples)
     except TritonKernelError:
         raise
     except Exception:  # the checks report it, in their rows
         pass
-    return check_op(result.op, args)
+    return check_op(result.op, samples)

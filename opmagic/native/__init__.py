@@ -5,8 +5,8 @@ full path) and :func:`compile_cuda_kernels` (NVRTC quick path) are the API; the
 ``%%torch_library`` and ``%%cuda_kernel`` magics are fronts on them.
 """
 
+from ..cachedir import BuildProgress, StderrProgress, cache_root, stderr_progress
 from .blocks import Block
-from .cache import cache_root
 from .cuda.launcher import CudaKernel, cdiv
 from .cuda.library import compile_cuda_library
 from .cuda.nvrtc import CudaKernels, compile_cuda_kernels
@@ -15,7 +15,6 @@ from .headers import HEADER_SETS, HeaderSet, precompile_headers
 from .library import LoadedLibrary, compile_library
 from .options import DEFAULT_OPT_LEVEL
 from .pipeline import BuildInfo
-from .progress import BuildProgress, StderrProgress, stderr_progress
 from .snapshots import NewKernel, NewOperator
 
 __all__ = [

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .progress import TICK_SECONDS, Stopwatch
+from ..cachedir import TICK_SECONDS, Stopwatch
 
 
 @dataclass(frozen=True)

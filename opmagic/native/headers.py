@@ -32,23 +32,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import OpmagicError
-from .blocks import scan_blocks
-from .cache import (
+from ..cachedir import (
     NO_SPACE,
+    TICK_SECONDS,
     BuildCache,
+    Stopwatch,
     artifact_problem,
     artifact_record,
     digest,
     disk_full,
     fingerprint,
     private_problem,
+    read_record,
     remove_path,
     write_atomic,
 )
+from ..errors import OpmagicError
+from .blocks import scan_blocks
 from .compiler import run_step
 from .options import DEFAULT_OPT_LEVEL, BuildOptions, normalise_opt_level
-from .progress import TICK_SECONDS, Stopwatch
 from .toolchain import Toolchain, find_toolchain
 
 _HERE = Path(__file__).parent
@@ -325,18 +327,16 @@ def _precompiled_problem(directory: Path, *, rehash: bool) -> str | None:
     precompiled = directory / "prefix.h.gch"
     if not os.path.lexists(precompiled):
         return ""
-    problem = private_problem(directory)
-    if problem is not None:
-        return f"its directory {directory} is not private: {problem}"
-    record_file = directory / PRECOMPILED_RECORD
-    try:
-        record = json.loads(record_file.read_text())
-    except (OSError, ValueError):
-        return f"{record_file.name}, the record of its size and SHA-256, is missing or damaged"
+    record, problem = read_record(directory, PRECOMPILED_RECORD)
+    if record is None:
+        return problem or f"{PRECOMPILED_RECORD}, the record of its size and SHA-256, is missing"
     problem = artifact_problem(precompiled, record, rehash=rehash)
     if problem is None and record.get("stat") != fingerprint(precompiled):
         with contextlib.suppress(OSError):  # hashed as recorded: next time the stat will do
-            write_atomic(record_file, json.dumps({**record, "stat": fingerprint(precompiled)}))
+            write_atomic(
+                directory / PRECOMPILED_RECORD,
+                json.dumps({**record, "stat": fingerprint(precompiled)}),
+            )
     return problem
 
 
@@ -492,13 +492,7 @@ class _Precompile:
     def remove_damaged(self, cache: BuildCache, damage: str) -> str | None:
         """Remove a damaged precompiled header (GCC would read it and fail or crash): returns
         ``damage``, or None when another process that held the lock had rebuilt it."""
-        waited = False
-
-        def on_wait(_pid: str) -> None:
-            nonlocal waited
-            waited = True
-
-        with cache.locked(self.lock, on_wait):
+        with cache.locked(self.lock) as waited:
             if waited and self.problem() is None:
                 return None
             self.precompiled.unlink(missing_ok=True)

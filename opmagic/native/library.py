@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..cachedir import ProgressCallback, stderr_progress
 from ..display import Displayable
 from ..errors import BuildOptionError
 from .blocks import Block
@@ -25,12 +26,11 @@ from .loader import NativeLibrary
 from .options import DEFAULT_OPT_LEVEL, BuildOptions
 from .pipeline import BuildInfo, published_build
 from .probe import probe
-from .progress import ProgressCallback, stderr_progress
 from .registration import Registration, SourceSite, register
 from .snapshots import NewKernel, NewOperator
 
 if TYPE_CHECKING:
-    from ..dispatch.table import DispatchTable
+    from ..dispatch.table import DispatchTable, OverloadTables
     from .cuda.library import CudaBuild
 
 
@@ -56,6 +56,8 @@ class LoadedLibrary(Displayable):
     build: BuildInfo
     load_seconds: float  # mapping, registering and comparing the dispatcher
     _registration: Registration = field(repr=False)
+    notes: tuple[str, ...] = ()  # what loading it replaced, for its display
+    _tables: tuple[DispatchTable | OverloadTables, ...] = field(default=(), repr=False)
 
     @property
     def closed(self) -> bool:
@@ -78,11 +80,11 @@ class LoadedLibrary(Displayable):
         """A source line as the user sees it: ``cell [3], line 6``."""
         return where(self.label, line, self.first_line)
 
-    def tables(self) -> list[DispatchTable]:
-        """The dispatch table of each operator the library defined."""
-        from ..dispatch.table import dispatch_table
-
-        return [dispatch_table(op.name) for op in self.operators] if not self.closed else []
+    def tables(self) -> list[DispatchTable | OverloadTables]:
+        """The dispatch table of each operator the library defined, as it was when the library
+        was loaded (what its display shows, whatever registrations came since); none once
+        the library is closed. ``opmagic.dispatch_table(name)`` reads one as it is now."""
+        return list(self._tables) if not self.closed else []
 
     def close(self) -> None:
         """Remove every operator and kernel the library registered (idempotent).
@@ -167,6 +169,7 @@ def load_library(
     probe(path, site, previous, options.source)
     native = NativeLibrary(path, built.library_sha256 or None)
     registration = register(native, site, previous)
+    tables = _tables_of(registration.operators)
     return LoadedLibrary(
         name=options.name,
         key=request.key,
@@ -181,4 +184,12 @@ def load_library(
         build=built,
         load_seconds=time.perf_counter() - started,
         _registration=registration,
+        _tables=tables,
     )
+
+
+def _tables_of(operators: tuple[NewOperator, ...]) -> tuple[DispatchTable | OverloadTables, ...]:
+    """The dispatch table of each operator a library defined, read as it loads."""
+    from ..dispatch.table import dispatch_table
+
+    return tuple(dispatch_table(op.name) for op in operators)

@@ -1,26 +1,23 @@
 """Loading a built library into this process, and driving its registration entry points.
 
-Each load maps a private in-memory copy (``memfd``) of the file with ``RTLD_LOCAL``: two
-versions of a library never resolve symbols to each other, a rebuilt file at the same path
-is never mistaken for the one already loaded, and the cache may delete files that are in
-use. The copy is checked against the SHA-256 the build recorded before it is mapped. The
-memfd is closed once mapped; as the dynamic loader matches libraries by the name they were
-opened under, each load opens ``/proc/self/fd/N`` under a spelling never used before
-(:func:`_fresh_name`). Loaded code is never unmapped: tensors, autograd graphs or other
-libraries may still point into it after its registrations are gone.
+Each load maps a private in-memory copy of the file, checked against the SHA-256 the build
+recorded, under a name never opened before (:func:`opmagic.cachedir.private_copy`), with
+``RTLD_LOCAL``: two versions of a library never resolve symbols to each other, a rebuilt
+file at the same path is never mistaken for the one already loaded, and the cache may
+delete files that are in use. Loaded code is never unmapped: tensors, autograd graphs or
+other libraries may still point into it after its registrations are gone.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import itertools
 import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+from ..cachedir import private_copy
 from ..errors import LoadError
 from .blocks import Block
 
@@ -33,21 +30,11 @@ class NativeLibrary:
 
     def __init__(self, path: Path, sha256: str | None = None) -> None:
         self.path = path
-        with open(path, "rb") as built:
-            data = built.read()
-        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-            raise LoadError(
-                f"{path} changed after it was checked (its SHA-256 is not the recorded one): "
-                "another process is writing to the cache. Run the build again."
-            )
-        fd = os.memfd_create(f"opmagic-{path.name}"[:200], os.MFD_CLOEXEC)
-        try:
-            os.write(fd, data)
-            self._lib = ctypes.CDLL(_fresh_name(fd), mode=os.RTLD_LOCAL | os.RTLD_NOW)
-        except OSError as error:
-            raise LoadError(_load_failure(path, str(error))) from None
-        finally:
-            os.close(fd)  # the mapping keeps the memory; the name is never opened again
+        with private_copy(path, sha256) as name:
+            try:
+                self._lib = ctypes.CDLL(name, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+            except OSError as error:
+                raise LoadError(_load_failure(path, str(error))) from None
         _MAPPED.append(self)  # the code stays mapped from here on
         try:
             version = self._lib.opmagic_abi_version()
@@ -89,34 +76,6 @@ class NativeLibrary:
 
 
 _MAPPED: list[NativeLibrary] = []  # every library ever loaded: never unmapped
-_OPENED_NAMES: set[str] = set()  # every name a library was opened under in this process
-
-
-def opened_names() -> frozenset[str]:
-    """Every name a library was opened under in this process so far (a later load's name is
-    none of them: a crash handler tells the newest library's frames apart by it)."""
-    return frozenset(_OPENED_NAMES)
-
-
-def _fresh_name(fd: int) -> str:
-    """A path to the open file ``fd`` that no library was opened under before.
-
-    ``/proc/self/fd/N``, then, once N was used, the same path with more slashes between its
-    parts (the kernel reads ``//`` as ``/``; the dynamic loader compares the strings). The
-    number of spellings grows with the cube of the extra slashes, so the path stays short.
-    """
-    for extra in itertools.count():
-        for before_self in range(extra + 1):
-            for before_fd in range(extra + 1 - before_self):
-                before_number = extra - before_self - before_fd
-                name = (
-                    f"/proc{'/' * (1 + before_self)}self{'/' * (1 + before_fd)}fd"
-                    f"{'/' * (1 + before_number)}{fd}"
-                )
-                if name not in _OPENED_NAMES:
-                    _OPENED_NAMES.add(name)
-                    return name
-    raise AssertionError("unreachable")
 
 
 def _load_failure(path: Path, error: str) -> str:

@@ -17,31 +17,30 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import BuildOptionError, CompileError, MissingHeadersError
-from .cache import (
+from ..cachedir import (
     NO_SPACE,
     NO_SPACE_ERRORS,
     BuildCache,
+    ProgressCallback,
+    Stopwatch,
     artifact_problem,
     artifact_record,
     digest,
     disk_full,
-    private_problem,
-    remove_path,
+    read_record,
     write_atomic,
 )
+from ..errors import BuildOptionError, CompileError, MissingHeadersError
 from .compiler import StepResult, run_step
 from .diagnostics import failure_text, first_error, parse_diagnostics, renumber_log
 from .headers import PREAMBLE, Prefix, macro_name, prepare_prefix, record_macro
 from .options import BuildOptions
-from .progress import ProgressCallback, Stopwatch
 from .toolchain import INSTALL_PYTHON_HEADERS, Toolchain, find_toolchain
 
 if TYPE_CHECKING:
@@ -150,15 +149,12 @@ def _cached_or_built(
         if verbose:
             _print_verbose(f"opmagic: cached build {directory}", recorded.commands, "")
         return recorded
-    waited = False
 
     def on_wait(pid: str) -> None:
         """Report waiting for the process that builds the same key."""
-        nonlocal waited
-        waited = True
         stopwatch.report(f"waiting for pid {pid}, which builds the same source")
 
-    with cache.locked(request.key, on_wait):
+    with cache.locked(request.key, on_wait) as waited:
         if waited and not force:  # the process we waited for may have published it
             recorded, damage = _recorded_build(directory, name)
             if recorded is not None:
@@ -166,17 +162,13 @@ def _cached_or_built(
                 return recorded
         if damage:
             stopwatch.report(f"the cached build was damaged ({damage}); rebuilding")
-        scratch = cache.scratch_dir(request.key)
         try:
-            steps: BuildSteps = request.cuda.build if request.cuda is not None else _build
-            built = steps(request, toolchain, cache, scratch, stopwatch)
-            remove_path(directory)  # a forced rebuild, a changed input, a damaged build
-            os.rename(scratch, directory)  # atomic: readers see no build or a whole one
+            with cache.publishing(request.key, directory) as scratch:
+                steps: BuildSteps = request.cuda.build if request.cuda is not None else _build
+                built = steps(request, toolchain, cache, scratch, stopwatch)
         except BaseException:
             stopwatch.finish(failed=True)
             raise
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
     stopwatch.finish()
     if verbose:
         _print_verbose(f"opmagic: built {directory}", built.commands, built.log)
@@ -187,19 +179,9 @@ def _cached_or_built(
 def _recorded_build(directory: Path, library: str) -> tuple[BuildInfo | None, str]:
     """``(the published build in directory, "")``, or ``(None, why it cannot be used)``: the
     reason is "" when there is simply none, or an input the compiler read changed since."""
-    try:
-        text = (directory / "build.json").read_text()
-    except FileNotFoundError:
-        return None, ""
-    except OSError as error:
-        return None, f"its record cannot be read: {error.strerror}"
-    problem = private_problem(directory)
-    if problem is not None:
-        return None, f"its directory {directory} is not private: {problem}"
-    try:
-        record = json.loads(text)
-    except ValueError:
-        return None, "its record build.json is damaged"
+    record, damage = read_record(directory, "build.json")
+    if record is None:
+        return None, damage
     try:
         library_record = record["library"]
         inputs = [(str(path), int(size), int(mtime)) for path, size, mtime in record["inputs"]]

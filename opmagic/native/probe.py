@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._torch import dispatcher
+from ..cachedir import opened_names
 from ..errors import LoadError
-from .loader import NativeLibrary, opened_names
+from .loader import NativeLibrary
 from .registration import Registration, SourceSite
 from .snapshots import OperatorState, snapshot
 from .tokens import tokenize

@@ -9,10 +9,10 @@ and new kernels (and which earlier kernels they override).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._torch import dispatcher
-from ..dispatch.sites import parse_site
+from ..dispatch.sites import label_site, parse_site
 from ..dispatch.table import parse_registrations
 
 
@@ -46,6 +46,11 @@ class NewKernel:
     is_alias: bool
     line: int | None  # line of the registering block in the library's source
     overrides: str | None = None  # the site of the kernel it replaced, if it replaced one
+    overrides_source: str = field(init=False)  # that site for display, named when found
+
+    def __post_init__(self) -> None:
+        # named now, not when shown: a cell's site label goes when its library is replaced
+        object.__setattr__(self, "overrides_source", label_site(self.overrides))
 
 
 def snapshot(namespaces: Iterable[str]) -> Snapshot:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..cachedir import compiler_environment
 from ..errors import CompilerNotFoundError, MissingHeadersError, ToolchainError
 
 INSTALL_COMPILER = (
@@ -29,17 +30,6 @@ INSTALL_PYTHON_HEADERS = (
     "dnf install python3-devel (Fedora/RHEL); conda and pyenv Pythons include them"
 )
 TORCH_LIBRARIES = ("c10", "torch_cpu", "torch", "torch_python")
-# environment variables that change which files the compiler, nvcc or the linker read
-COMPILER_ENVIRONMENT = (
-    "CPATH",
-    "C_INCLUDE_PATH",
-    "CPLUS_INCLUDE_PATH",
-    "LIBRARY_PATH",
-    "GCC_EXEC_PREFIX",
-    "COMPILER_PATH",
-    "NVCC_PREPEND_FLAGS",
-    "NVCC_APPEND_FLAGS",
-)
 
 
 @dataclass(frozen=True)
@@ -82,9 +72,7 @@ class Toolchain:
             "torch_lib": self.torch_lib,
             "python": sys.version.split()[0],
             "python_include": self.python_include,
-            "environment": {
-                name: os.environ[name] for name in COMPILER_ENVIRONMENT if name in os.environ
-            },
+            "environment": compiler_environment(),
         }
 
     def compile_flags(self, opt_level: str, extra_cflags: tuple[str, ...]) -> list[str]:

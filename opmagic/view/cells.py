@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from ..cells.checks import CheckReport
 from ..cells.custom_op import CustomOpResult
 from ..cells.session import SessionReport
 from ..dispatch.table import DispatchTable
 from ..display import renders
-from .html import html_rows, table_html
+from ..verify.checks import CheckReport
+from .layout import aligned, fitted, html_rows, joined
 from .style import KIND_COLOURS, STATUS_COLOURS, styled
-from .text import aligned, fitted, grouped_entries, joined
+from .table import grouped_entries, table_html
 
 
 @renders(CustomOpResult, "text")

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from ..cells.compare import CaseResult, Comparison, SweepProgress
 from ..display import renders
+from ..verify.compare import CaseResult, Comparison, SweepProgress
 from .style import DIM_COLOUR, FAIL_COLOUR, FAIL_FILL, STATUS_COLOURS, styled
 
 if TYPE_CHECKING:

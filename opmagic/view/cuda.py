@@ -7,11 +7,10 @@ from html import escape
 from ..cells.cuda_kernel import CudaKernelResult
 from ..display import renders
 from ..native.cuda.nvrtc import CudaKernels
-from ..native.cuda.toolkit import gpu_unavailable_reason
 from .cells import own_kernel_rows
-from .html import html_rows, table_html
+from .layout import aligned, html_rows, joined
 from .style import styled
-from .text import aligned, joined
+from .table import table_html
 
 
 def _summary(kernels: CudaKernels) -> str:
@@ -32,10 +31,9 @@ def _kernel_rows(kernels: CudaKernels) -> list[tuple[str, str]]:
     ]
 
 
-def _gpu_note() -> str:
-    """What launching does here, when no GPU can run the kernels."""
-    reason = gpu_unavailable_reason()
-    return f"{reason} Launching raises NoGPUError." if reason else ""
+def _gpu_note(kernels: CudaKernels) -> str:
+    """What launching does here, when no GPU could run the kernels as they were compiled."""
+    return f"{kernels.no_gpu} Launching raises NoGPUError." if kernels.no_gpu else ""
 
 
 @renders(CudaKernels, "text")
@@ -45,7 +43,7 @@ def kernels_text(kernels: CudaKernels) -> str:
     lines += aligned(_kernel_rows(kernels), "    ")
     if kernels.binary.log.strip():
         lines += ["  NVRTC warnings:", *("    " + line for line in kernels.binary.log.splitlines())]
-    note = _gpu_note()
+    note = _gpu_note(kernels)
     if note:
         lines.append(f"  note: {note}")
     return "\n".join(lines)
@@ -54,7 +52,7 @@ def kernels_text(kernels: CudaKernels) -> str:
 @renders(CudaKernels, "html")
 def kernels_html(kernels: CudaKernels) -> str:
     """:func:`kernels_text` as HTML."""
-    note = _gpu_note()
+    note = _gpu_note(kernels)
     warnings = (
         f"<details><summary>NVRTC warnings</summary><pre>{escape(kernels.binary.log)}</pre>"
         "</details>"

@@ -1,42 +1,32 @@
-"""pandas forms of dispatch facts: styled, folded HTML in notebooks; width-aware text."""
+"""pandas forms of dispatch facts (``kernels()``): styled, folded HTML in notebooks; width-aware
+text. A dispatch table's own DataFrame is drawn by :mod:`.table`."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
 from ..dispatch.kernels import LONG_COLUMNS as KERNEL_LONG_COLUMNS
-from ..dispatch.table import DispatchTable
 from ..display import Displayable, renders
+from .layout import fitted, joined, more_note, terminal_width
 from .style import KIND_COLOURS, KIND_FILLS, styled
-from .text import fitted, joined, more_note, terminal_width
 
 if TYPE_CHECKING:
     import pandas
     from pandas.io.formats.style import Styler
 
-TABLE_COLUMNS = ["key", "category", "kind", "alias", "source", "site", "explanation"]
 _MIN_NAME = 24  # narrowest operator column of a wide frame's matrix
 SHOWN_ROWS = 20  # rows a notebook or terminal shows before folding the rest
 STYLED_ROWS = 200  # rows a notebook shows styled in all (folded after SHOWN_ROWS)
 
 
-@renders(DispatchTable, "frame")
-def table_frame(table: DispatchTable) -> pandas.DataFrame:
-    """A row per runtime key of the table, in priority order, missing keys included."""
-    import pandas as pd
-
-    rows = [
-        (e.key, e.category, e.kind, e.alias, e.source, e.site, e.explanation) for e in table.entries
-    ]
-    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
-
-
 def style_kinds(frame: pandas.DataFrame) -> Styler:
     """Colour the cells that name a kernel kind (``kernel``, ``alias:...``, ``missing``, ...):
-    the ``kind`` column of a long frame, every cell of a wide one."""
+    the ``kind`` column of a long frame, every cell of a wide one. The cells' CSS ids come
+    from the rows, not from pandas' random ones: the same frame shows the same HTML."""
 
     def colour(value: Any) -> str:
         """The CSS of one cell: the kind's colours, or nothing for other values."""
@@ -45,7 +35,9 @@ def style_kinds(frame: pandas.DataFrame) -> Styler:
             return ""
         return f"background-color: {KIND_FILLS[kind]}; color: {KIND_COLOURS[kind]}"
 
-    return frame.style.map(colour, subset=["kind"] if "kind" in frame.columns else None)
+    rows_id = hashlib.blake2b(frame.to_csv().encode(), digest_size=6).hexdigest()
+    styler = frame.style.set_uuid(f"opmagic{rows_id}")
+    return styler.map(colour, subset=["kind"] if "kind" in frame.columns else None)
 
 
 @dataclass(frozen=True)

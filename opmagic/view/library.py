@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from html import escape
 from typing import TYPE_CHECKING
 
-from ..dispatch.sites import label_site, shorten_path
+from ..dispatch.sites import shorten_path
 from ..display import renders
 from ..errors import CompileError
 from ..native.diagnostics import (
@@ -18,8 +18,8 @@ from ..native.diagnostics import (
     where,
 )
 from ..native.library import LoadedLibrary
+from .layout import aligned, fitted
 from .style import FAIL_COLOUR, FAIL_FILL, styled
-from .text import aligned, fitted
 
 if TYPE_CHECKING:
     from ..native.snapshots import NewKernel
@@ -57,13 +57,13 @@ def _kernels_by_key(kernels: tuple[NewKernel, ...]) -> Iterator[tuple[str, list[
 
 def _overrides(kernel: NewKernel) -> str:
     """``overrides aten/src/ATen/RegisterCPU.cpp:12`` when the kernel replaced another."""
-    return f"overrides {label_site(kernel.overrides)}" if kernel.overrides else ""
+    return f"overrides {kernel.overrides_source}" if kernel.overrides else ""
 
 
 @renders(LoadedLibrary, "text")
 def library_text(library: LoadedLibrary) -> str:
     """What the library registered: operators, kernels per key, then each operator's table."""
-    lines = fitted([build_summary(library)])
+    lines = fitted([build_summary(library), *(f"  note: {note}" for note in library.notes)])
     if library.operators:
         lines.append("new operators:")
         lines += aligned([(op.schema, library.where(op.line)) for op in library.operators])
@@ -88,6 +88,7 @@ def library_text(library: LoadedLibrary) -> str:
 def library_html(library: LoadedLibrary) -> str:
     """The same as :func:`library_text`, as HTML tables (dispatch tables included)."""
     parts = [f"<b>{escape(build_summary(library))}</b>"]
+    parts += [f'<div class="dim">note: {escape(note)}</div>' for note in library.notes]
     if library.operators:
         rows = "".join(
             f"<tr><td>{escape(op.schema)}</td><td>{escape(library.where(op.line))}</td></tr>"

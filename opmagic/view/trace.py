@@ -9,7 +9,6 @@ tracer overhead taken out).
 from __future__ import annotations
 
 import shutil
-import textwrap
 from collections.abc import Iterator, Sequence
 from html import escape
 from typing import TYPE_CHECKING
@@ -18,7 +17,8 @@ import graphviz
 
 from ..dispatch.trace import Surprises, Trace, TracedCall
 from ..display import Displayable, renders
-from .graph import Diagram, dot_label
+from .diagram import Diagram, dot_label
+from .layout import wrap
 from .style import FAIL_COLOUR, KIND_COLOURS, KIND_FILLS, styled
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def calls_text(calls: Sequence[TracedCall], width: int | None = None) -> list[st
 def trace_text(trace: Trace, width: int | None = None) -> str:
     """The headline, the call tree, then the surprises, fitted to the terminal's width."""
     width = width or shutil.get_terminal_size().columns
-    headline = [wrapped for line in _headline(trace) for wrapped in textwrap.wrap(line, width)]
+    headline = [wrapped for line in _headline(trace) for wrapped in wrap(line, width)]
     lines = [*headline, *calls_text(trace.calls, width)]
     lines += [_clip(f"▸ {note}", width) for note in trace.notes]
     surprises = trace.surprises()
@@ -137,7 +137,7 @@ def surprises_text(surprises: Surprises, width: int | None = None) -> str:
     lines = ["surprises:"]
     for surprise, label in zip(surprises, labels, strict=True):
         head = f"  {surprise.kind:<{kind_width}}  {_clip(label, op_width):<{op_width}}  "
-        detail = textwrap.wrap(surprise.detail, max(20, width - len(head))) or [""]
+        detail = wrap(surprise.detail, max(20, width - len(head))) or [""]
         lines.append(head + detail[0])
         lines += [" " * len(head) + more for more in detail[1:]]
     return "\n".join(lines)
@@ -147,18 +147,19 @@ def surprises_text(surprises: Surprises, width: int | None = None) -> str:
 
 
 def _call_row(call: TracedCall) -> str:
-    kind = _kind_of(call)
-    colour = KIND_COLOURS.get(kind, "#000")
+    """One call's line of the HTML tree: op, inputs, path, kernel kind and source, time."""
+    colour = KIND_COLOURS.get(_kind_of(call), "#000")
     path = ARROW.join(escape(k) for k in call.path) or '<span class="dim">(no kernel ran)</span>'
     error = (
         f' <span style="color:{FAIL_COLOUR}">✗ {escape(call.error)}</span>' if call.error else ""
     )
+    source = escape(call.source)
     return (
         f'<span class="op">{escape(call.op)}</span> <span class="dim">({escape(call.inputs)})'
         f"</span> {path} "
-        f'<span style="color:{colour}" title="{escape(call.source, quote=True)}">'
+        f'<span style="color:{colour}" title="{source}">'
         f"[{escape(call.kernel_kind)}]</span> "
-        f'<span class="dim">{escape(call.source)}</span> '
+        f'<span class="dim">{source}</span> '
         f'<span class="time">{_time(call.time_ns)}</span>{error}'
     )
 

@@ -10,8 +10,7 @@ from ..cells.triton_op import TritonOpResult
 from ..display import renders
 from ..native.triton import INTERPRETER, TritonLaunch
 from .cells import custom_op_html, custom_op_text
-from .html import html_rows
-from .text import aligned, fitted
+from .layout import aligned, fitted, html_rows
 
 _OPAQUE = (
     "torch.compile and export see the op as one call: they cannot trace interpreted kernels"

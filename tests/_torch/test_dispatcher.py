@@ -105,6 +105,10 @@ def test_operator_queries():
     assert dispatcher.registrations_for_key("QuantizedHIP") == []  # torch cannot parse that name
     assert str(dispatcher.find_schema("aten::add", "Tensor")).startswith("aten::add.Tensor(")
     assert dispatcher.find_schema("aten::add", "nope") is None
+    assert dispatcher.has_operator("aten::add.Tensor") and dispatcher.has_operator("aten::sin")
+    assert not dispatcher.has_operator("aten::add") and not dispatcher.has_operator("aten::add.int")
+    assert set(dispatcher.overload_names("aten::add")) == {"Tensor", "Scalar", "out", "Scalar_out"}
+    assert list(dispatcher.overload_names("aten::len")) == []  # TorchScript's, not an operator
     x = torch.randn(1)
     assert dispatcher.select_overload("aten::add", (x, x), {}) == "Tensor"
 
@@ -140,6 +144,7 @@ def test_hold_operators_keeps_an_entry_alive_until_released():
     library._destroy()  # the definition goes; the held entry stays, with no schema
     assert "shim_hold::held" in dispatcher.all_op_names()
     assert dispatcher.find_schema("shim_hold::held", "") is None
+    assert list(dispatcher.overload_names("shim_hold::held")) == [""]
     release()
     assert "shim_hold::held" not in dispatcher.all_op_names()
 
@@ -176,6 +181,9 @@ def test_subclass_and_mode_queries():
         assert dispatcher.fake_mode_of(fake) is mode
         assert not dispatcher.fake_mode_refuses(mode, fake)
         assert dispatcher.fake_mode_refuses(mode, real)
+        assert dispatcher.fake_tensor_passes_on(TwoTensor(fake, fake.clone()))
+        assert not dispatcher.fake_tensor_passes_on(fake)
+        assert not dispatcher.fake_tensor_passes_on(real)  # refused, not passed on
     assert not dispatcher.fake_mode_refuses(FakeTensorMode(allow_non_fake_inputs=True), real)
 
     def body(t):
@@ -226,3 +234,34 @@ def test_python_kernel():
     assert meta_mm is not None and meta_mm.__name__ == "meta_mm"
     assert dispatcher.python_kernel(torch.ops.aten.mm.default, "NoSuchKey") is None
     assert dispatcher.python_kernel(torch.ops.aten.mm.default, "XLA") is None
+
+
+def test_snapshot_shims():
+    names = dispatcher.all_op_names()[:3]
+    assert dispatcher.dump_all_registrations(names) == [
+        dispatcher.dump_registrations(name) for name in names
+    ]
+    assert dispatcher.has_backend_fallback("Python") and not dispatcher.has_backend_fallback("CPU")
+    assert dispatcher.has_backend_fallback("AutogradMTIA")  # a key torch's parser misses
+    assert dispatcher.alias_includes("CompositeExplicitAutograd", "CPU")
+    assert dispatcher.alias_includes("Autograd", "AutogradMTIA")
+    assert not dispatcher.alias_includes("Autograd", "CPU")
+    assert dispatcher.backend_keys_of_autograd("AutogradCPU") == {"CPU"}
+    assert dispatcher.backend_keys_of_autograd("CPU") == set()
+    assert {"QuantizedCPU", "FPGA"} <= dispatcher.autogradother_backends()
+
+
+def test_native_override_routes():
+    registry = dispatcher.native_registry_file()
+    assert registry is not None and registry.endswith("registry.py")
+    for (
+        op_symbol,
+        key,
+        dsl,
+        node_id,
+        active,
+        condition,
+        impl,
+    ) in dispatcher.native_override_routes():
+        assert op_symbol and key and dsl and node_id
+        assert isinstance(active, bool) and callable(condition) and callable(impl)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +15,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from opmagic._torch import op_observer
+from opmagic.errors import CacheDirectoryError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Describer:
@@ -181,16 +189,42 @@ def test_enum_tables_turn_logged_ints_back_into_torch_objects() -> None:
     assert torch.channels_last in tables["MemoryFormat"]
 
 
-def test_build_directory_is_private_and_keyed_by_torch(tmp_path, monkeypatch) -> None:
+def test_the_build_is_keyed_on_everything_it_reads(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    identity = op_observer.build_identity()
+    torch_root = Path(torch.__file__).parent
+    assert all(Path(p).is_relative_to(torch_root) for p in identity["torch_includes"])
+    assert identity["torch"] == torch.__version__ and identity["python"] == sys.version
+    assert identity["flags"] == op_observer.FLAGS
+    assert "Free Software Foundation" in identity["compiler_version"]  # g++ --version
     directory = op_observer.build_directory()
-    assert directory.is_relative_to(tmp_path / "opmagic" / "op_observer")
-    (tmp_path / "opmagic").mkdir(mode=0o777)
-    (tmp_path / "opmagic").chmod(0o777)
-    from opmagic.errors import CacheDirectoryError
+    assert directory.parent == tmp_path / "opmagic" / "v1" / "observer"
+    monkeypatch.setenv("CPATH", str(tmp_path))  # the compiler would read other headers
+    assert op_observer.build_directory() != directory
+    monkeypatch.delenv("CPATH")
+    monkeypatch.setenv("CXX", "g++")  # another compiler command, as torch builds with $CXX
+    assert op_observer.build_directory() != directory
+    monkeypatch.delenv("CXX")
+    assert op_observer.build_directory() == directory
 
-    with pytest.raises(CacheDirectoryError, match="not private"):
-        op_observer._make_private(directory)
+
+def test_an_observer_cache_others_could_write_to_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    op_observer.build_directory()  # creates the cache
+    (tmp_path / "opmagic" / "v1" / "observer").chmod(0o777)
+    events: list = []
+    with pytest.raises(CacheDirectoryError, match=r"observer is unsafe: it is writable by"):
+        op_observer._ObserverBuild().get(events.append)  # a new process's observer
+    assert events == []  # refused before anything was built or loaded
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another user needs root")
+def test_an_observer_build_of_another_user_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    op_observer.build_directory()  # creates the cache
+    os.chown(tmp_path / "opmagic" / "v1" / "observer", 4242, -1)
+    with pytest.raises(CacheDirectoryError, match="observer is unsafe: it belongs to uid 4242"):
+        op_observer._ObserverBuild().get(None)
 
 
 BACKGROUND_BUILD = """
@@ -200,7 +234,7 @@ from opmagic._torch import op_observer
 
 shell = InteractiveShell.instance()
 shell.run_line_magic("load_ext", "opmagic")
-builds = [t for t in threading.enumerate() if t.name == "opmagic operator observer build"]
+builds = [t for t in threading.enumerate() if t.name == "opmagic build: the operator observer"]
 print("building at load:", len(builds))
 print("second start:", op_observer.build_in_background())
 import torch, opmagic
@@ -216,11 +250,7 @@ def test_load_ext_builds_the_observer_in_the_background_and_the_first_trace_wait
     tmp_path,
 ) -> None:
     """On a fresh cache ``%load_ext opmagic`` starts the build; the first trace waits for
-    that build (saying so once) instead of starting a second one."""
-    import os
-    import subprocess
-    import sys
-
+    that build (saying so) instead of starting a second one."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     run = subprocess.run(
         [sys.executable, "-c", BACKGROUND_BUILD], env=env, capture_output=True, text=True
@@ -233,5 +263,51 @@ def test_load_ext_builds_the_observer_in_the_background_and_the_first_trace_wait
         "builds left: 0",
         "second process start: None",  # built: nothing to do
     ], run.stdout
-    assert run.stderr.count("waiting for the operator observer") == 1, run.stderr
+    assert run.stderr.count("opmagic: waiting for the operator observer") == 1, run.stderr
+    assert "opmagic: built the operator observer in" in run.stderr
     assert "compiling the operator observer" not in run.stderr  # no second, foreground build
+
+
+TRACE = """
+import torch, opmagic
+from opmagic._torch import op_observer
+t = opmagic.trace(torch.add, torch.ones(2), torch.ones(2))
+print(op_observer.build_directory())
+"""
+
+
+def _trace_in(environment: Path, cache: Path) -> tuple[Path, str]:
+    """Trace in a child process whose torch is the one in ``environment`` (a directory first
+    on its path); its observer's build directory and its stderr."""
+    run = subprocess.run(
+        [sys.executable, "-c", TRACE],
+        env={
+            **os.environ,
+            "XDG_CACHE_HOME": str(cache),
+            "PYTHONPATH": os.pathsep.join((str(environment), str(ROOT))),
+        },
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return Path(run.stdout.strip()), run.stderr
+
+
+@pytest.mark.slow
+def test_two_environments_with_the_same_torch_each_keep_their_build(tmp_path) -> None:
+    """Another install of the same torch (here: torch reached through a symlink, as a second
+    virtual environment has it at another path) gets a build of its own, instead of the two
+    rebuilding one in turn; the second build's wait estimate is the first build's time."""
+    first_env, second_env = tmp_path / "first", tmp_path / "second"
+    first_env.mkdir()
+    second_env.mkdir()
+    (second_env / "torch").symlink_to(Path(torch.__file__).parent)
+    cache = tmp_path / "cache"
+    first, log = _trace_in(first_env, cache)
+    assert "compiling the operator observer" in log, log
+    took = json.loads((first / "build.json").read_text())["seconds"]
+    second, log = _trace_in(second_env, cache)
+    assert second != first
+    assert f"the last build on this machine took {took:.0f} s" in log, log
+    again, log = _trace_in(first_env, cache)
+    assert again == first and "operator observer" not in log, log  # loaded, not rebuilt

@@ -8,7 +8,7 @@ from IPython.core.error import UsageError
 
 import opmagic
 from opmagic._torch import custom_op_state
-from opmagic.errors import CompileError, NoGPUError, ToolchainError
+from opmagic.errors import CompileError, NoGPUError, OpmagicError, ToolchainError
 from opmagic.native.cuda.toolkit import find_cuda_toolkit, gpu_unavailable_reason
 
 from ..native.sources import VADD
@@ -147,9 +147,12 @@ def test_a_compile_error_points_at_the_cell_line_and_keeps_the_previous_run(cell
         ("--whole", "--whole do not apply to a cell of extern"),
     ],
 )
-def test_bad_options_are_one_usage_error(cells, line, message):
+def test_bad_options_are_one_clear_error(cells, line, message):
+    """Options that do not apply are a UsageError; what the quick path refuses, its own
+    OpmagicError (a schema that does not parse, a launch body that does not work)."""
     error = cells.fail(f"%%cuda_kernel {line}\n{VADD}")
-    assert isinstance(error, UsageError) and message in str(error), str(error)
+    assert isinstance(error, (UsageError, OpmagicError)), repr(error)
+    assert str(error).startswith("%%cuda_kernel: ") and message in str(error), str(error)
     assert "ck::bad" not in torch._C._dispatch_get_all_op_names()
 
 

@@ -10,14 +10,15 @@ from typing import ClassVar
 
 import pytest
 import torch
-from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opmagic
 from opmagic import Session, active_session
+from opmagic.cells.session import CellIdentity
 from opmagic.errors import ForeignOperatorError
 
+from ..native.sources import op_source
 from ..shell import Cells, DispatcherState
 
 CUSTOM_OP = """
@@ -289,9 +290,9 @@ torch.library.define("t_anon::q", "(Tensor x) -> Tensor")
 torch.library.impl("t_anon::p", "cpu", lambda x: x + {value})
 """
     extra = 'torch.library.impl("t_anon::other", "Meta", lambda x: x)\n'
-    cells.run(cell.format(value=1) + extra)
+    cells.run(cell.format(value=1) + extra, None)
     assert "Meta" in dump("t_anon::other")
-    cells.run(cell.format(value=2))
+    cells.run(cell.format(value=2), None)
     assert len(active_session().records()) == 2  # the "other" cell and the last run
     assert torch.ops.t_anon.p(torch.zeros(1)).item() == 2
     assert "Meta" not in dump("t_anon::other")  # the first run's leftover went with it
@@ -380,49 +381,96 @@ def test_opmagic_session_lists_what_each_cell_registered(cells: Cells) -> None:
 class Handle:
     """A stand-in for a loaded C++ library: something with ``close()``."""
 
-    closed: ClassVar[list[str]] = []
+    closed_names: ClassVar[list[str]] = []
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.description = f"lib {name}"  # what %opmagic session shows
 
+    @property
+    def closed(self) -> bool:
+        """Whether the session (or the test) closed it: its cell no longer holds it."""
+        return self.name in Handle.closed_names
+
     def close(self) -> None:
         """Record that the session closed this handle."""
-        Handle.closed.append(self.name)
+        Handle.closed_names.append(self.name)
+
+
+TRACK = "import opmagic\nopmagic.active_session().track(Handle({name!r}){identity})\n"
+SUPERSEDED = "opmagic.active_session().superseded(Handle, {identity})"
+
+
+def _ns(name: str) -> str:
+    """A CellIdentity defining the namespace ``name``, as Python source."""
+    return f"CellIdentity(frozenset({{('namespace', {name!r})}}))"
 
 
 def test_front_ends_track_handles_per_cell(cells: Cells) -> None:
-    Handle.closed.clear()
-    cells.ns["Handle"] = Handle
-    track = "import opmagic\nopmagic.active_session().track(Handle({name!r}))\n"
-    cells.run(track.format(name="one"), "c")
+    Handle.closed_names.clear()
+    cells.ns.update(Handle=Handle, CellIdentity=CellIdentity)
+    cells.run(TRACK.format(name="one", identity=""), "c")
     assert "lib one" in str(cells.shell.run_line_magic("opmagic", "session"))
-    cells.run(track.format(name="two"), "c")
-    assert Handle.closed == ["one"]  # closed once the re-run succeeded
-    cells.fail(track.format(name="three") + "raise ValueError", "c")
-    assert Handle.closed == ["one", "three"]  # the failed run's handle; "two" stays open
+    cells.run(TRACK.format(name="two", identity=""), "c")
+    assert Handle.closed_names == ["one"]  # closed once the re-run succeeded
+    cells.fail(TRACK.format(name="three", identity="") + "raise ValueError", "c")
+    assert Handle.closed_names == ["one", "three"]  # the failed run's handle; "two" stays open
     cells.run(
-        "previous = opmagic.active_session().superseded(Handle, lambda handle: False)\n"
-        "assert previous.name == 'two'\n" + track.format(name="four"),
+        f"previous = {SUPERSEDED.format(identity='CellIdentity()')}\n"
+        "assert previous.name == 'two'\n" + TRACK.format(name="four", identity=""),
         "c",
     )
-    assert Handle.closed == ["one", "three", "two"]
-    cells.run("assert opmagic.active_session().superseded(Handle, lambda h: True) is None", "d")
+    assert Handle.closed_names == ["one", "three", "two"]
+    cells.run(f"assert {SUPERSEDED.format(identity='CellIdentity()')} is None", "d")
     cells.shell.run_line_magic("unload_ext", "opmagic")
-    assert Handle.closed == ["one", "three", "two", "four"]
+    assert Handle.closed_names == ["one", "three", "two", "four"]
     cells.shell.run_line_magic("load_ext", "opmagic")
 
 
-def test_cells_without_ids_find_what_they_replace_by_what_it_is(cells: Cells) -> None:
-    Handle.closed.clear()
-    cells.ns["Handle"] = Handle
-    cells.run("import opmagic\nopmagic.active_session().track(Handle('a1'))")
-    cells.run("opmagic.active_session().track(Handle('b1'))")
+def test_a_new_cell_defining_a_namespace_takes_over_the_earlier_cells_handle(
+    cells: Cells,
+) -> None:
+    """With cell ids, as in JupyterLab: torch keeps one TORCH_LIBRARY per namespace, so the
+    later cell's library replaces the earlier cell's, and its notes name that cell."""
+    Handle.closed_names.clear()
+    cells.ns.update(Handle=Handle, CellIdentity=CellIdentity)
+    first = cells.run(TRACK.format(name="x1", identity=f", identity={_ns('x')}"), "x")
     cells.run(
-        "found = opmagic.active_session().superseded(Handle, lambda h: h.name[0] == 'a')\n"
-        "assert found.name == 'a1'\n"
-        "assert opmagic.active_session().superseded(Handle, lambda h: h.name == 'c') is None\n"
-        "assert opmagic.active_session().superseded(int, lambda h: True) is None"
+        f"found = {SUPERSEDED.format(identity=_ns('x'))}\n"
+        "assert found.name == 'x1'\n"
+        "found.close()  # as compile_library does to the library it replaces\n"
+        "notes = opmagic.active_session().displaced()\n"
+        + TRACK.format(name="x2", identity=f", identity={_ns('x')}"),
+        "y",
+    )
+    assert cells.ns["notes"] == [f"replaced cell [{first.execution_count}]'s lib x1"]
+    assert [r.key for r in active_session().records()] == ["y"]  # cell x held only x1
+    cells.run(f"assert {SUPERSEDED.format(identity=_ns('other'))} is None", "z")
+
+
+def test_cells_without_ids_find_what_they_replace_by_what_it_is(cells: Cells) -> None:
+    Handle.closed_names.clear()
+    cells.ns.update(Handle=Handle, CellIdentity=CellIdentity)
+    blocks = "CellIdentity(frozenset(), frozenset({('b', 'CPU')}))"
+    cells.run(TRACK.format(name="a1", identity=f", identity={_ns('a')}"), None)
+    cells.run(TRACK.format(name="b1", identity=f", identity={blocks}"), None)
+    cells.run(
+        f"assert {SUPERSEDED.format(identity=_ns('a'))}.name == 'a1'\n"
+        f"assert {SUPERSEDED.format(identity=blocks)}.name == 'b1'  # the same blocks\n"
+        f"assert {SUPERSEDED.format(identity=blocks.replace('CPU', 'CUDA'))} is None\n"
+        f"assert opmagic.active_session().superseded(int, {_ns('a')}) is None",
+        None,
+    )
+    cells.run(f"assert {SUPERSEDED.format(identity=blocks)} is None", "with-an-id")
+
+
+def test_a_cpp_source_is_identified_by_its_blocks() -> None:
+    assert CellIdentity.of_source(op_source("a")) == CellIdentity(
+        frozenset({("namespace", "a")}), frozenset({("a", "CPU")})
+    )
+    impl_only = "TORCH_LIBRARY_IMPL(a, CPU, m) {}\nTORCH_LIBRARY_FRAGMENT(b, m) {}\n"
+    assert CellIdentity.of_source(impl_only) == CellIdentity(
+        frozenset(), frozenset({("a", "CPU"), ("b", "FRAGMENT")})
     )
 
 
@@ -552,10 +600,11 @@ def test_torch_library_cells_are_listed_and_removed_at_unload(ipython, build_cac
             TORCH_LIBRARY_IMPL(session_cpp, CPU, m) { m.impl("twice", twice); }
             """)
         with capture_output():
-            cells.run(source)
-            cells.run(source)  # a re-run replaces the library: listed once
+            cells.run(source, "session-cpp")
+            cells.run(source, "session-cpp")  # a re-run replaces the library: listed once
             listing = ipython.run_line_magic("opmagic", "session")
         assert str(listing).count("C++ library session_cpp: session_cpp::twice") == 1
+        assert "note" not in str(listing)  # what a cell replaced of its own: no news
         assert torch.ops.session_cpp.twice(torch.ones(2)).tolist() == [2.0, 2.0]
     finally:
         ipython.run_line_magic("unload_ext", "opmagic")
@@ -577,7 +626,7 @@ def test_unload_finishes_the_teardown_when_one_step_fails(ipython) -> None:
     names = torch._C._dispatch_get_all_op_names()
     ipython.run_line_magic("load_ext", "opmagic")
     cells = Cells(ipython)
-    Handle.closed.clear()
+    Handle.closed_names.clear()
     track = "import opmagic\nopmagic.active_session().track({handle})\n"
     try:
         cells.ns.update(Handle=Handle, FailingHandle=FailingHandle)
@@ -593,7 +642,7 @@ def test_unload_finishes_the_teardown_when_one_step_fails(ipython) -> None:
             ipython.run_line_magic("unload_ext", "opmagic")
         assert active_session() is None
         assert torch._C._dispatch_get_all_op_names() == names
-        assert sorted(Handle.closed) == ["after", "before", "beside"]
+        assert sorted(Handle.closed_names) == ["after", "before", "beside"]
         assert "opmagic" not in ipython.magics_manager.magics["line"]
         ipython.run_line_magic("load_ext", "opmagic")  # a whole load again, not a no-op
         assert active_session() is not None
@@ -619,7 +668,7 @@ def test_a_cell_may_not_redefine_an_op_of_a_torch_library_cell_and_is_told_why(
     error = cells.fail(
         "%%custom_op t_owned_cpp::twice\ndef twice(x: Tensor) -> Tensor:\n    return x * 3\n"
     )
-    assert isinstance(error, UsageError)  # the magic's: "%%custom_op t_owned_cpp::twice: ..."
+    assert type(error) is ForeignOperatorError and str(error).startswith("%%custom_op: ")
     message = str(error)
     assert "outside this opmagic session" not in message
     assert (

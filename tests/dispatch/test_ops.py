@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from opmagic import NotAnOperatorError, UnknownOperatorError
+from opmagic._torch import dispatcher
 from opmagic.dispatch.ops import OpRef, is_operator_name, op_ref, overloads_of
 
 
@@ -71,8 +72,11 @@ def test_strings_that_are_not_op_names(text):
 
 
 def test_python_function_is_not_an_operator_and_the_message_says_what_to_pass():
-    with pytest.raises(NotAnOperatorError, match=r"torch\.ops\.aten\.add"):
-        op_ref(torch.add)
+    def my_function(x):
+        return x
+
+    with pytest.raises(NotAnOperatorError, match=r"'my_function'.*\(torch\.add, torch\.Tensor"):
+        op_ref(my_function)
 
 
 def test_other_objects_are_not_operators():
@@ -90,6 +94,64 @@ def test_index_sees_ops_defined_after_first_lookup():
         lib._destroy()
     with pytest.raises(UnknownOperatorError):
         op_ref("opmagic_test_late::fresh")
+
+
+def test_index_sees_overloads_added_after_first_lookup():
+    lib = torch.library.Library("opmagic_test_grow", "DEF")
+    try:
+        lib.define("op(Tensor x) -> Tensor")
+        assert overloads_of(op_ref("opmagic_test_grow::op")) == [""]
+        lib.define("op.twice(Tensor x, int n) -> Tensor")
+        assert op_ref("opmagic_test_grow::op.twice").overload == "twice"
+        assert overloads_of(OpRef("opmagic_test_grow", "op", None)) == ["", "twice"]
+    finally:
+        lib._destroy()
+
+
+def test_a_lookup_asks_for_its_operator_alone(monkeypatch):
+    """Looking up one operator, known or new, never lists all ~3,600: only errors and
+    searches need every name."""
+    lib = torch.library.Library("opmagic_test_alone", "DEF")
+    listed = []
+    monkeypatch.setattr(
+        dispatcher, "all_op_names", lambda real=dispatcher.all_op_names: listed.append(1) or real()
+    )
+    try:
+        lib.define("fresh(Tensor x) -> Tensor")
+        for spelling in ("opmagic_test_alone::fresh", "aten::add", "aten::add.Tensor", "aten::sin"):
+            op_ref(spelling)
+        assert overloads_of(OpRef("opmagic_test_alone", "never_defined", None)) == []
+        assert listed == []
+        with pytest.raises(UnknownOperatorError, match="Did you mean"):
+            op_ref("opmagic_test_alone::fres")
+        assert listed  # the suggestion needs every name
+    finally:
+        lib._destroy()
+
+
+def test_torchscript_only_overloads_are_not_operators():
+    assert "int" not in overloads_of(OpRef("aten", "add", None))  # TorchScript's aten::add.int
+    with pytest.raises(UnknownOperatorError, match="no overload 'int'"):
+        op_ref("aten::add.int")
+    with pytest.raises(UnknownOperatorError, match="Unknown operator 'aten::len'"):
+        op_ref("aten::len")  # a TorchScript builtin the dispatcher does not have
+
+
+def test_kernels_without_a_definition_are_found_or_named():
+    lib = torch.library.Library("opmagic_test_undefined", "FRAGMENT")
+    try:
+        lib.impl("opmagic_test_undefined::plain", lambda x: x, "CPU")
+        lib.impl("opmagic_test_undefined::named.special", lambda x: x, "CPU")
+        assert overloads_of(op_ref("opmagic_test_undefined::plain")) == [""]
+        assert op_ref("opmagic_test_undefined::named.special").overload == "special"
+        with pytest.raises(
+            UnknownOperatorError,
+            match=r"no definition, only kernels registered for "
+            r"'opmagic_test_undefined::named\.special'",
+        ):
+            op_ref("opmagic_test_undefined::named")
+    finally:
+        lib._destroy()
 
 
 @pytest.mark.parametrize(

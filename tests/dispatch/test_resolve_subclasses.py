@@ -10,10 +10,12 @@ no rule for. Kernel sets x inputs x contexts, as in test_resolve_ground_truth.py
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from torch.testing._internal.two_tensor import TwoTensor
 from torch.utils._mode_utils import no_dispatch
@@ -87,6 +89,42 @@ def test_subclass_handlers_call_the_op_again(
         INPUTS[inputs](),
         lambda body, args: base(body, _wrap(subclass, args)),
         repeats=REPEATS[subclass],
+    )
+
+
+# ---------------------------------------------------------------- wrappers holding fake tensors
+# FakeTensorMode and FakeTensor return NotImplemented for a subclass they do not know; its
+# handler runs, calling the op on the fake tensors it holds, which the mode then fakes.
+
+FAKE_WRAPPINGS = {
+    "both": lambda x, y: (TwoTensor(x, x.clone()), TwoTensor(y, y.clone())),
+    "x_only": lambda x, y: (TwoTensor(x, x.clone()), y),
+    "y_only": lambda x, y: (x, TwoTensor(y, y.clone())),
+}
+
+
+def _fake_wrapped(wrapping: str, mode_active: bool):
+    def run(body, inputs):
+        mode = FakeTensorMode()
+        fakes = [mode.from_tensor(t) for t in inputs]
+        with mode if mode_active else contextlib.nullcontext():
+            return body(*FAKE_WRAPPINGS[wrapping](*fakes))
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("wrapping", "mode_active", "inputs", "keys"),
+    [
+        pytest.param(w, m, i, k, id=f"{w}-{'mode' if m else 'no_mode'}-{i}-{'+'.join(k)}")
+        for w, m, i, k in itertools.product(FAKE_WRAPPINGS, (True, False), INPUTS, PAIR_KERNEL_SETS)
+    ],
+)
+def test_wrapper_subclasses_holding_fake_tensors(
+    wrapping: str, mode_active: bool, inputs: str, keys: list[str]
+) -> None:
+    check_against_dispatcher(
+        keys, INPUTS[inputs](), _fake_wrapped(wrapping, mode_active), repeats=2
     )
 
 

@@ -9,6 +9,7 @@ import torch
 from torch.library import Library
 
 from opmagic import DispatchTable, OverloadTables, dispatch_table, resolve, runtime_keys
+from opmagic.dispatch.table import parse_registrations
 
 C = torch._C
 
@@ -214,3 +215,22 @@ def test_text_and_html_forms():
 def test_unknown_key_lookup_explains_alias_keys():
     with pytest.raises(KeyError, match="alias keys such as 'Autograd'"):
         dispatch_table("aten::mm")["Autograd"]
+
+
+def test_registration_lines_are_read_part_by_part() -> None:
+    """``_dispatch_dump``'s lines: alias and inactive markers, a signature, kernel flags."""
+    dump = (
+        "name: ns::f\nschema: ns::f(Tensor x) -> Tensor\ndebug: registered at /a/b.py:3\n"
+        "alias analysis kind: FROM_SCHEMA\n"
+        "CPU: registered at /a/b.cpp:12 :: (Tensor _0) -> Tensor _0 [ boxed unboxed ]\n"
+        "Autograd[alias] (inactive): registered at /a/c.py:7 :: (Tensor _0) -> Tensor _0\n"
+        "Meta: registered at /a/d.py:9 [ boxed ]\n"
+        "not a registration line\n"
+    )
+    assert [
+        (r.key, r.is_alias, r.site, r.active, r.signature) for r in parse_registrations(dump)
+    ] == [
+        ("CPU", False, "registered at /a/b.cpp:12", True, "(Tensor _0) -> Tensor _0"),
+        ("Autograd", True, "registered at /a/c.py:7", False, "(Tensor _0) -> Tensor _0"),
+        ("Meta", False, "registered at /a/d.py:9", True, None),
+    ]

@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import shlex
 
 import pytest
 from hypothesis import given, settings
@@ -12,20 +13,25 @@ from opmagic import CallContext
 from opmagic.magics.arguments import (
     BUILD_OPTIONS,
     CONTEXT_OPTIONS,
+    KERNELS_OPTIONS,
     add_options,
     build_keywords,
     call_context,
+    evaluate,
     given_build_options,
+    kernels_keywords,
+    names,
     parse_options,
     without_comment,
 )
 from opmagic.magics.compare import CompareMagics
 from opmagic.magics.cuda_kernel import CudaKernelMagics
 from opmagic.magics.custom_op import CustomOpMagics
+from opmagic.magics.dispatch import DispatchMagics
+from opmagic.magics.kernels import KernelsMagics
 from opmagic.magics.session import SessionMagics
 from opmagic.magics.torch_library import TorchLibraryMagics
 from opmagic.magics.triton_op import TritonOpMagics
-from opmagic.magics.views import ViewMagics
 
 MAGICS = {
     "torch_library": TorchLibraryMagics.torch_library,
@@ -33,8 +39,8 @@ MAGICS = {
     "custom_op": CustomOpMagics.custom_op,
     "triton_op": TritonOpMagics.triton_op,
     "compare": CompareMagics.compare,
-    "dispatch": ViewMagics.dispatch,
-    "kernels": ViewMagics.kernels,
+    "dispatch": DispatchMagics.dispatch,
+    "kernels": KernelsMagics.kernels,
     "opmagic": SessionMagics.opmagic,
 }
 
@@ -61,6 +67,33 @@ def test_build_options_become_compile_library_keywords() -> None:
     assert keywords["include_dirs"] == ["/x"] and keywords["extra_cflags"] == "-DA=1"
     assert keywords["precompiled_headers"] is True and keywords["force"] is True
     assert build_keywords(parser.parse_args(["--no-pch"]))["precompiled_headers"] is False
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["", "aten", "--namespace aten -k CPU -k Meta", "-n aten -m Meta --long", "aten --wide -k all"],
+)
+def test_kernels_options_are_one_bundle_for_the_magic_and_the_cli(line: str) -> None:
+    """``%kernels LINE`` and ``python -m opmagic kernels LINE`` ask for the same frame."""
+    parser = argparse.ArgumentParser()
+    add_options(parser, KERNELS_OPTIONS)
+    cli = kernels_keywords(parser.parse_args(shlex.split(line)))
+    assert kernels_keywords(parse_options(MAGICS["kernels"], line)) == cli
+    assert cli["wide"] is ("--long" not in line)  # one default layout: wide
+
+
+def test_evaluate_names_what_did_not_evaluate() -> None:
+    assert evaluate("n + 1", {"n": 2}, "--sizes") == 3
+    with pytest.raises(UsageError, match=r"^could not evaluate --sizes '2 \*\* k': NameError"):
+        evaluate("2 ** k", {}, "--sizes")
+    with pytest.raises(UsageError, match=r"could not evaluate --check 'f\(': SyntaxError"):
+        evaluate("f(", {}, "--check")
+
+
+def test_names_are_words_or_comma_separated() -> None:
+    assert names("x, y,,z ") == ["x", "y", "z"]
+    assert names(["float32,float16", "bfloat16"]) == ["float32", "float16", "bfloat16"]
+    assert names(None) == names("") == []
 
 
 @pytest.mark.parametrize(

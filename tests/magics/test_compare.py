@@ -9,8 +9,9 @@ import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from opmagic.cells.compare import Comparison
+from opmagic.errors import CompareError
 from opmagic.native.cuda.toolkit import gpu_unavailable_reason
+from opmagic.verify.compare import Comparison
 
 from ..native.sources import VADD, op_source
 from ..shell import Cells
@@ -56,22 +57,30 @@ def test_compare_evaluates_its_arguments_in_the_user_namespace(cells: Cells) -> 
 
 
 @pytest.mark.parametrize(
-    ("line", "message"),
+    ("line", "error", "message"),
     [
-        ("my_add --inputs make", "%compare takes the candidate and the reference, got 1"),
-        ("my_add torch.add", "%compare: the following arguments are required: --inputs. "
-                             "Write e.g. %compare my_add torch.add --inputs"),
-        ("my_add nothing --inputs make", "%compare could not evaluate the reference, "
-                                         "'nothing': NameError"),
-        ("my_add torch.add --inputs make --dtypes fp8", "%compare: 'fp8' is not a torch dtype"),
-        ("my_add torch.add --inputs 42", "%compare: inputs must build one case's arguments"),
-        ("my_add torch.add --inputs make --rtol 0.1", "%compare: Give rtol and atol together"),
+        ("my_add --inputs make", UsageError,
+         "%compare: takes the candidate and the reference, got 1"),
+        ("my_add torch.add", UsageError,
+         "%compare: the following arguments are required: --inputs. "
+         "Write e.g. %compare my_add torch.add --inputs"),
+        ("my_add nothing --inputs make", UsageError,
+         "%compare: could not evaluate the reference 'nothing': NameError"),
+        ("my_add torch.add --inputs make --dtypes fp8", CompareError,
+         "%compare: 'fp8' is not a torch dtype"),
+        ("my_add torch.add --inputs 42", CompareError,
+         "%compare: inputs must build one case's arguments"),
+        ("my_add torch.add --inputs make --rtol 0.1", CompareError,
+         "%compare: Give rtol and atol together"),
     ],
 )  # fmt: skip
-def test_bad_arguments_are_one_usage_error(cells: Cells, line: str, message: str) -> None:
+def test_bad_arguments_are_one_error_of_their_class(
+    cells: Cells, line: str, error: type, message: str
+) -> None:
+    """A bad line or expression is a UsageError; arguments compare refuses, a CompareError."""
     cells.run(SETUP)
-    error = cells.fail(f"%compare {line}")
-    assert isinstance(error, UsageError) and str(error).startswith(message), str(error)
+    raised = cells.fail(f"%compare {line}")
+    assert type(raised) is error and str(raised).startswith(message), str(raised)
 
 
 def test_custom_op_compare_shows_the_new_numbers_on_every_rerun(cells: Cells) -> None:
@@ -101,8 +110,13 @@ def test_a_bad_compare_spec_says_why_and_leaves_the_op_made(cells: Cells) -> Non
     with capture_output() as captured:
         cells.run(cell)
     assert captured.stderr == (
-        "UsageError: %%custom_op t_mcmp::add --compare could not evaluate --inputs, 'nothing': "
+        "UsageError: %%custom_op --compare: could not evaluate --inputs 'nothing': "
         "NameError: name 'nothing' is not defined\n"
+    )
+    with capture_output() as captured:
+        cells.run(cell.replace("--inputs nothing", "--inputs make --dtypes fp8"))
+    assert captured.stderr.startswith(
+        "CompareError: %%custom_op --compare: 'fp8' is not a torch dtype"
     )
     assert torch.ops.t_mcmp.add(torch.ones(1), torch.ones(1)).item() == 2.0
 

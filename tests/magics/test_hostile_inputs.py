@@ -344,4 +344,4 @@ def test_a_schema_that_fits_the_function_is_taken(shell):
 def test_a_too_deep_cell_error_points_at_its_longest_line(shell):
     long_line = "y = " + "+".join(["1"] * 50_000)
     error = _run(shell, f"%%custom_op hz::deep2\nx = 1\n{long_line}\nz = 2\n")
-    assert isinstance(error.__cause__, CellSourceError) and error.__cause__.line == 3
+    assert isinstance(error, CellSourceError) and error.line == 3

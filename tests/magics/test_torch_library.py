@@ -16,7 +16,7 @@ from opmagic import active_session
 from opmagic._torch import dispatcher
 from opmagic.errors import BuildOptionError, CompileError, RegistrationError
 from opmagic.magics import WARM_UPS
-from opmagic.magics.torch_library import TorchLibraryMagics, cell_identity
+from opmagic.magics.torch_library import TorchLibraryMagics
 from opmagic.native import LoadedLibrary, compile_library, precompile_headers
 from opmagic.native.headers import precompile_headers_in_background
 
@@ -127,7 +127,8 @@ def test_a_registration_error_names_the_cell_line_and_keeps_the_previous_version
     with capture_output() as captured:
         result = shell.run_cell(f"%%torch_library\n{duplicate}", cell_id="mg-reg")
     assert isinstance(result.error_in_exec, RegistrationError)
-    assert ", line 5: Tried to register an operator (mg_reg::scale" in captured.stdout
+    shown = " ".join(captured.stdout.split())  # wrapped to the terminal's width
+    assert ", line 5: Tried to register an operator (mg_reg::scale" in shown
     assert shell.run_cell("torch.ops.mg_reg.scale(torch.ones(1)).item()").result == 2.0
 
 
@@ -140,10 +141,23 @@ def test_without_cell_ids_a_cell_is_recognised_by_the_namespace_it_defines(shell
     assert tracked_libraries() == [result.result]
 
 
-def test_cell_identity_without_a_cell_id():
-    assert cell_identity(op_source("a")) == ("defines", ("a",))
-    impl_only = "TORCH_LIBRARY_IMPL(a, CPU, m) {}\nTORCH_LIBRARY_FRAGMENT(b, m) {}\n"
-    assert cell_identity(impl_only) == ("registers", (("a", "CPU"), ("b", "FRAGMENT")))
+@pytest.mark.slow
+def test_a_new_cell_defining_the_namespace_replaces_the_earlier_cells_library(shell, magics):
+    """In JupyterLab every cell has an id: a later cell defining a namespace an earlier cell
+    defined replaces that cell's library (torch keeps one TORCH_LIBRARY per namespace), as a
+    later %%custom_op replaces an op, and its notes name that cell."""
+    first = run(shell, "", op_source("mg_later"), cell_id="mg-later-1")
+    assert first.success, first.error_in_exec
+    edited = op_source("mg_later", kernel="at::Tensor scale(const at::Tensor& x) { return x; }")
+    second = run(shell, "", edited, cell_id="mg-later-2")
+    assert second.success, second.error_in_exec
+    assert first.result.closed and tracked_libraries() == [second.result]
+    note = f"replaced {first.result.label}'s C++ library mg_later: mg_later::scale"
+    assert second.result.notes == (f"{note}; 1 kernels",)
+    assert f"note: {note}" in str(second.result)
+    assert shell.run_cell("torch.ops.mg_later.scale(torch.ones(1)).item()").result == 1.0
+    again = run(shell, "", edited, cell_id="mg-later-2")  # its own re-run: nothing to note
+    assert again.success and again.result.notes == ()
 
 
 def test_options_reach_compile_library(shell, magics, tmp_path, capsys):

@@ -7,6 +7,7 @@ import torch
 from IPython.core.error import UsageError
 
 from opmagic import Surprises, Trace
+from opmagic.errors import OpmagicError
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_a_failing_cell_shows_its_trace_then_raises(shell, capsys) -> None:
 
 
 def test_vmap_is_refused_with_a_clear_message(shell) -> None:
-    with pytest.raises(UsageError, match="vmap"):
+    with pytest.raises(OpmagicError, match=r"^%%trace: --vmap maps a function"):
         shell.shell.run_cell_magic("trace", "--vmap", "x.sin()")
 
 

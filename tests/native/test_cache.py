@@ -1,4 +1,4 @@
-"""The build cache: private to its user, locks that cannot go stale, builds that are atomic."""
+"""Builds through the cache: killed builds block nothing, concurrent builds build once."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from opmagic.errors import CacheDirectoryError
 from opmagic.native import compile_library
-from opmagic.native.cache import BuildCache
 
 from .sources import op_source
 from .waiting import wait_for
@@ -55,76 +53,6 @@ def _child(source: str, steps: Path, go: Path) -> subprocess.Popen:
     return process
 
 
-@pytest.fixture
-def cache_root(tmp_path, monkeypatch) -> Path:
-    """An empty XDG cache home of this test alone."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    return tmp_path / "opmagic"
-
-
-def test_the_cache_is_created_private(cache_root):
-    BuildCache()
-    assert cache_root.stat().st_mode & 0o777 == 0o700
-
-
-def test_a_cache_others_can_write_to_is_refused(cache_root):
-    cache_root.mkdir(mode=0o700)
-    cache_root.chmod(0o777)
-    with pytest.raises(CacheDirectoryError, match=r"writable by other users.*chmod 700"):
-        BuildCache()
-
-
-def test_a_cache_others_can_only_read_is_made_private(cache_root):
-    cache_root.mkdir(mode=0o755)
-    cache_root.chmod(0o755)
-    BuildCache()
-    assert cache_root.stat().st_mode & 0o777 == 0o700
-
-
-def test_a_symlinked_cache_is_refused(cache_root, tmp_path):
-    (tmp_path / "elsewhere").mkdir()
-    cache_root.symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(CacheDirectoryError, match="not a plain directory"):
-        BuildCache()
-
-
-@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another user needs root")
-def test_a_cache_of_another_user_is_refused(cache_root):
-    cache_root.mkdir(mode=0o700)
-    os.chown(cache_root, 4242, -1)
-    with pytest.raises(CacheDirectoryError, match="belongs to uid 4242"):
-        BuildCache()
-
-
-def test_a_lock_waits_for_its_holder_and_dies_with_it(cache_root):
-    cache = BuildCache()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from opmagic.native.cache import BuildCache\n"
-            "with BuildCache().locked('key'):\n"
-            "    print('held', flush=True); time.sleep(60)",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert holder.stdout.readline().strip() == "held"
-    waits: list[str] = []
-
-    def kill_on_first_wait(pid: str) -> None:
-        """Kill the holder the first time the lock is found held."""
-        waits.append(pid)
-        if len(waits) == 1:
-            holder.send_signal(signal.SIGKILL)
-
-    with cache.locked("key", kill_on_first_wait):
-        pass
-    holder.wait()
-    assert waits[0] == str(holder.pid)
-
-
 @pytest.mark.slow
 def test_a_build_killed_mid_compile_leaves_nothing_that_blocks_the_next(build_cache, tmp_path):
     source = op_source("cache_killed")
@@ -161,3 +89,61 @@ def test_two_processes_building_the_same_source_build_it_once(build_cache, tmp_p
     assert sorted(report["cached"] for report in reports) == [False, True]
     waited = [path for path in steps if "waiting for pid" in path.read_text()]
     assert len(waited) == 1  # the one that found the build in the cache had waited for it
+
+
+# traces once the file argv[1] exists (torch imported first), after creating the file argv[2]
+_TRACE = textwrap.dedent(
+    """
+    import os, sys, time, torch, opmagic
+    open(sys.argv[2], "w").close()
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    t = opmagic.trace(torch.add, torch.ones(2), torch.ones(2))
+    print([call.op for call in t.calls])
+    """
+)
+
+
+def _tracer(home: Path, go: Path, ready: Path) -> subprocess.Popen:
+    """A process that traces with ``home`` as its XDG cache once ``go`` exists."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _TRACE, str(go), str(ready)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(home)},
+    )
+
+
+@pytest.mark.slow
+def test_two_processes_tracing_first_build_the_observer_once(tmp_path):
+    home, go = tmp_path / "home", tmp_path / "go"
+    ready = [tmp_path / f"ready{i}" for i in range(2)]
+    children = [_tracer(home, go, path) for path in ready]
+    wait_for(lambda: all(path.exists() for path in ready))
+    go.touch()  # both trace now; the observer's build takes seconds, so they overlap
+    outputs = [child.communicate(timeout=600) for child in children]
+    assert all(child.returncode == 0 for child in children), outputs
+    assert [out.strip() for out, _ in outputs] == ["['aten::add.Tensor']"] * 2
+    logs = [log for _, log in outputs]
+    assert sum("opmagic: compiling the operator observer" in log for log in logs) == 1, logs
+    assert sum("which builds the operator observer" in log for log in logs) == 1, logs
+    assert len(list(home.glob("opmagic/v1/observer/*"))) == 1
+
+
+@pytest.mark.slow
+def test_an_observer_build_killed_mid_compile_blocks_nothing(tmp_path):
+    home, go = tmp_path / "home", tmp_path / "go"
+    go.touch()
+    child = _tracer(home, go, tmp_path / "ready")
+    assert "compiling the operator observer" in child.stderr.readline()
+    child.send_signal(signal.SIGKILL)  # ninja and the compiler it started run on, orphaned
+    child.wait()
+    child.stderr.close()
+
+    second = _tracer(home, go, tmp_path / "ready")
+    out, log = second.communicate(timeout=600)
+    assert second.returncode == 0 and out.strip() == "['aten::add.Tensor']", log
+    assert "opmagic: compiling the operator observer" in log  # the lock died with the killed
+    assert "waiting for pid" not in log
+    assert not list(home.glob("opmagic/v1/tmp/*"))  # the killed build's scratch is gone

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from opmagic.errors import CacheDirectoryError
+from opmagic.cachedir import artifact_problem, artifact_record
 from opmagic.native import compile_library, precompile_headers
-from opmagic.native.cache import BuildCache, artifact_problem, artifact_record
 
 from .sources import op_source
 
@@ -28,7 +27,7 @@ _CHILD = textwrap.dedent(
     from opmagic import compile_library
     from opmagic.errors import OpmagicError
     from opmagic.native import precompile_headers
-    from opmagic.native.cache import cache_root
+    from opmagic.cachedir import cache_root
     source, keywords = sys.stdin.read(), json.loads(sys.argv[1])
     then_precompile = keywords.pop("then_precompile", False)
     try:
@@ -125,62 +124,84 @@ def test_a_damaged_build_is_rebuilt_with_a_note(loaded, other_library, kind):
     assert loaded[-1].build.cached and not loaded[-1].build.repaired
 
 
-def test_an_artefact_is_checked_by_size_and_hash(tmp_path):
-    path = tmp_path / "artefact"
-    path.write_bytes(b"x" * 10000)
-    record = artifact_record(path)
-    assert artifact_problem(path, record, rehash=False) is None
-    _flip_bytes(path)  # same size, a new ctime: hashed again, and it differs
-    assert "SHA-256 differs" in artifact_problem(path, record, rehash=False)
-    path.write_bytes(b"x" * 10)
-    assert "10 bytes, 10000 when it was built" in artifact_problem(path, record, rehash=False)
-    path.unlink()
-    assert "missing" in artifact_problem(path, record, rehash=False)
+# traces in a fresh process; reports the calls, and every file mapped whose name has the
+# observer's library's in it (the loaded copy of it, as "inode path")
+_OBSERVER_CHILD = textwrap.dedent(
+    """
+    import json, torch, opmagic
+    from opmagic._torch import op_observer
+    t = opmagic.trace(torch.add, torch.ones(2), torch.ones(2))
+    mapped = {" ".join(line.split()[4:]) for line in open("/proc/self/maps")
+              if op_observer.LIBRARY in line}
+    print(json.dumps({"ops": [call.op for call in t.calls], "mapped": sorted(mapped)}))
+    """
+)
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> BuildCache:
-    """An empty build cache of this test alone."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    return BuildCache()
+def _trace_in_child(cache_home: Path) -> tuple[dict, str]:
+    """Trace in a fresh process with ``cache_home`` as its XDG cache: its report and stderr."""
+    result = subprocess.run(
+        [sys.executable, "-c", _OBSERVER_CHILD],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(cache_home)},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1]), result.stderr
 
 
-def test_a_lock_path_that_is_a_directory_is_replaced_by_a_lock(cache):
-    (cache.home / "locks" / "key.lock").mkdir()
-    (cache.home / "locks" / "key.lock" / "inside").write_text("x")
-    with cache.locked("key"):
-        assert (cache.home / "locks" / "key.lock").is_file()
+@pytest.fixture(scope="module")
+def observer_cache(tmp_path_factory) -> Path:
+    """A cache home in which a trace built the observer (tests damage copies of it; torch's
+    ccache, in the same home, makes their rebuilds quick where ccache is installed)."""
+    home = tmp_path_factory.mktemp("observer-cache")
+    _trace_in_child(home)
+    return home
 
 
-def test_a_lock_never_follows_a_symlink(cache, tmp_path):
-    target = tmp_path / "precious"
-    target.write_text("keep me")
-    (cache.home / "locks" / "key.lock").symlink_to(target)
-    with cache.locked("key"):
-        assert not (cache.home / "locks" / "key.lock").is_symlink()
-    assert target.read_text() == "keep me"
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "found"),
+    [
+        ("truncated to half", "bytes, "),
+        ("bytes flipped", "its SHA-256 differs"),
+        ("deleted", "opmagic_op_observer.so is missing"),
+        ("another build's library", "bytes, "),
+        ("record damaged", "its record build.json is damaged"),
+        ("directory open to others", "is not private: it is writable by other users"),
+    ],
+)
+def test_a_damaged_observer_is_rebuilt_not_loaded(
+    observer_cache, other_library, tmp_path, kind, found
+):
+    home = tmp_path / "home"
+    shutil.copytree(observer_cache, home, symlinks=True)
+    (library,) = home.glob("opmagic/v1/observer/*/opmagic_op_observer.so")
+    _damage(kind, library, other_library)
+    report, log = _trace_in_child(home)  # loading a damaged library could end the process
+    assert report["ops"] == ["aten::add.Tensor"]
+    damage = log.partition("the cached one is damaged (")[2]
+    assert found in damage.partition(")")[0], log  # found before anything was loaded
+    (mapped,) = report["mapped"]  # one load: a checked copy of the rebuilt library
+    assert "/memfd:opmagic-opmagic_op_observer.so" in mapped
+    record = json.loads((library.parent / "build.json").read_text())
+    assert artifact_problem(library, record["library"], rehash=True) is None
+    assert not list(home.glob("opmagic/v1/tmp/*"))
 
 
-def test_a_lock_path_that_is_a_fifo_is_replaced_by_a_lock(cache):
-    os.mkfifo(cache.home / "locks" / "key.lock")
-    with cache.locked("key"):
-        assert (cache.home / "locks" / "key.lock").is_file()
-
-
-@pytest.mark.parametrize("sub", ["v1", "v1/libs", "v1/prefix", "v1/locks", "v1/tmp"])
-def test_every_directory_of_the_cache_is_checked(cache, sub):
-    (cache.root / sub).chmod(0o777)
-    with pytest.raises(CacheDirectoryError, match=f"{cache.root / sub} is unsafe: it is writable"):
-        BuildCache()
-
-
-def test_a_symlinked_subdirectory_is_refused(cache, tmp_path):
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir(mode=0o700)
-    shutil.rmtree(cache.home / "libs")
-    (cache.home / "libs").symlink_to(elsewhere)
-    with pytest.raises(CacheDirectoryError, match="libs is unsafe: it is not a plain directory"):
-        BuildCache()
+@pytest.mark.slow
+def test_an_observer_that_does_not_load_is_rebuilt(observer_cache, other_library, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(observer_cache, home, symlinks=True)
+    (library,) = home.glob("opmagic/v1/observer/*/opmagic_op_observer.so")
+    shutil.copyfile(other_library, library)  # a library, but not the observer: recorded as it
+    record_file = library.parent / "build.json"
+    record = json.loads(record_file.read_text())
+    record_file.write_text(json.dumps({**record, "library": artifact_record(library)}))
+    report, log = _trace_in_child(home)
+    assert report["ops"] == ["aten::add.Tensor"]
+    assert "the cached one is damaged (it does not load: " in log, log
 
 
 def _unshare_works() -> bool:

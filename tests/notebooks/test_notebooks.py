@@ -22,8 +22,14 @@ def test_committed_without_outputs(path: Path) -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_runs_in_a_fresh_kernel(path: Path, run_notebook) -> None:
+    """No cell fails but those tagged to (their own tests check what they show)."""
     notebook = run_notebook(path.stem)
-    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    outputs = [
+        output
+        for cell in notebook.cells
+        if cell.cell_type == "code" and "raises-exception" not in cell.metadata.get("tags", [])
+        for output in cell.outputs
+    ]
     assert not [o for o in outputs if o.output_type == "error"]
 
 

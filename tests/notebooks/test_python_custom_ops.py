@@ -39,7 +39,9 @@ def test_summaries_name_the_cell_lines(executed: nbformat.NotebookNode) -> None:
     assert text.startswith("mylib::numpy_sin(Tensor x) -> Tensor")
     assert re.search(rf"numpy_sin · cell \[{first.execution_count}\], line 2", text)
     failed = next(c for c in executed.cells if "raises-exception" in c.metadata.get("tags", []))
-    assert failed.outputs[0].text.startswith(
-        f"UsageError: %%custom_op mylib::numpy_sin: cell [{failed.execution_count}], line 5: "
+    (error,) = failed.outputs  # its own class and one message, without a traceback
+    assert error.output_type == "error" and error.ename == "CellSourceError"
+    assert "\n".join(error.traceback).startswith(
+        f"CellSourceError: %%custom_op: cell [{failed.execution_count}], line 5: "
         "NameError: name 'undefined_device' is not defined"
     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from opmagic.view.render import default_renderer
+from opmagic.view.diagram import default_renderer
 
 _SVG = "{http://www.w3.org/2000/svg}"
 _XLINK_TITLE = "{http://www.w3.org/1999/xlink}title"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from opmagic.cells.compare import Comparison, SweepProgress, compare
+from opmagic.verify.compare import Comparison, SweepProgress, compare
 from opmagic.view import compare as view
 from opmagic.view.style import FAIL_FILL
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from opmagic import Surprises, trace
-from opmagic.view.graph import Diagram
+from opmagic.view.diagram import Diagram
 from opmagic.view.trace import FRAME_COLUMNS
 
 from .svgfacts import renderers, svg_facts

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..ops import op_ref
 from ..table import OperatorTable
+from ..torch_functions import unbind
 from .binding import argument_type_refusal, bind_arguments, select_overload
 from .result import DispatchInput, Resolution, Skip, Step
 from .simulator import Simulator
@@ -39,7 +40,9 @@ def resolve(op: Any, *args: Any, **kwargs: Any) -> Resolution:
     """Predict which kernels ``op(*args, **kwargs)`` runs under the current thread-local state.
 
     ``op`` is anything :func:`opmagic.dispatch_table` accepts; for a packet
-    (``torch.ops.aten.add``) the overload is chosen from the arguments as torch chooses it.
+    (``torch.ops.aten.add``, or the torch function ``torch.add``) the overload is chosen from
+    the arguments as torch chooses it; a tensor's method (``x.add``) is called on its tensor.
+    A torch function's call is its aten operator's: arguments as the schema names them.
     Nothing runs: no kernel of the op is called and no argument changes (a tensor passed
     for a number is read, as the real call's conversion reads it). The call is taken as
     ``torch.ops`` makes it (boxed: Tensor, Tensor?, Tensor[] and Tensor?[] carry keys).
@@ -48,6 +51,7 @@ def resolve(op: Any, *args: Any, **kwargs: Any) -> Resolution:
     ``.error`` says why: a value of the wrong type (torch refuses it before any kernel runs,
     so the path is empty), or a failure in dispatch.
     """
+    op, args = unbind(op, args)
     ref = op_ref(op)
     if ref.overload is None:
         ref = ref.with_overload(select_overload(ref, args, kwargs))

@@ -75,19 +75,19 @@ def select_overload(ref: OpRef, args: tuple, kwargs: dict) -> str:
     torch tries the overloads in its order with the same conversion rules
     :func:`bind_arguments` checks one overload with, so the chosen one always binds.
     """
-    overloads = overloads_of(ref)
-    if len(overloads) == 1:
-        return overloads[0]
     try:
         chosen = dispatcher.select_overload(ref.qualname, args, kwargs)
-    except RuntimeError as exc:
-        schemas = [str(dispatcher.find_schema(ref.qualname, o)) for o in overloads]
-        raise ArgumentsMismatchError(no_overload_message(ref, args, kwargs, schemas)) from exc
+    except RuntimeError:
+        chosen = None
     chosen = "" if chosen == "default" else chosen
-    if chosen not in overloads:  # a TorchScript-only overload (aten::add.str): no dispatch
-        schemas = [str(dispatcher.find_schema(ref.qualname, o)) for o in overloads]
-        raise ArgumentsMismatchError(no_overload_message(ref, args, kwargs, schemas))
-    return chosen
+    if chosen is not None and dispatcher.has_operator(ref.with_overload(chosen).dispatcher_name):
+        return chosen
+    # no overload takes these arguments, or a TorchScript-only one (aten::add.str) does
+    overloads = overloads_of(ref)
+    if len(overloads) == 1:  # bind_arguments says what does not fit
+        return overloads[0]
+    schemas = [str(dispatcher.find_schema(ref.qualname, o)) for o in overloads]
+    raise ArgumentsMismatchError(no_overload_message(ref, args, kwargs, schemas))
 
 
 def bind_arguments(ref: OpRef, schema: Any, args: tuple, kwargs: dict) -> list[BoundArgument]:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ...display import Displayable
-from ..table import TableEntry
+from ..table import DispatchTable, TableEntry
 
 if TYPE_CHECKING:
-    from ...view.graph import Diagram
+    from ...view.diagram import Diagram
 
 
 NOT_RUN = ("missing", "ambiguous", "fallthrough")
@@ -50,7 +50,11 @@ class DispatchInput:
 
 @dataclass(frozen=True)
 class Resolution(Displayable):
-    """The predicted dispatch of one call: the path of runtime keys and why each is there."""
+    """The predicted dispatch of one call: the path of runtime keys and why each is there.
+
+    ``table`` is the operator's dispatch table as the prediction read it (the steps' entries
+    are its entries), so a resolution draws the same after the op is redefined or removed.
+    """
 
     op: str
     schema: str
@@ -60,6 +64,7 @@ class Resolution(Displayable):
     context: tuple[str, ...]  # the thread-local state that matters, in words
     tls_included: tuple[str, ...]
     tls_excluded: tuple[str, ...]
+    table: DispatchTable = field(repr=False, compare=False)  # the op's, as read for this call
 
     @property
     def path_steps(self) -> tuple[Step, ...]:

@@ -143,6 +143,7 @@ class Simulator:
             context=tuple(context_words(catalogue, self.initial)),
             tls_included=tuple(catalogue.names(self.initial.included)),
             tls_excluded=tuple(catalogue.names(self.initial.excluded)),
+            table=self.call.table.table(),
         )
 
     def _exclude(self, bits: int, by: str) -> None:

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
+from ...cachedir import BuildCache, ProgressCallback, Stopwatch, stderr_progress
 from ...errors import CompileError, LoadError, MissingHeadersError
-from ..cache import BuildCache
 from ..compiler import StepResult, run_step
 from ..diagnostics import parse_diagnostics
 from ..headers import prepare_prefix
@@ -48,7 +48,6 @@ from ..pipeline import (
     link,
     publish,
 )
-from ..progress import ProgressCallback, Stopwatch, stderr_progress
 from ..toolchain import Toolchain
 from .source import SplitSource, rewrite_launches, split_source
 from .toolkit import (

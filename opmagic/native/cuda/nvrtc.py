@@ -21,14 +21,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...cachedir import digest
 from ...display import Displayable
 from ...errors import BuildOptionError, CompileError, CudaToolkitError
-from ..cache import digest
 from ..diagnostics import failure_text, parse_diagnostics, renumber_log, where
 from ..options import check_source_position, include_paths, split_flags
 from .launcher import CudaKernel, check_signature
 from .source import KernelSignature, kernel_signatures
-from .toolkit import INSTALL_CUDA_HEADERS, cuda_include_dirs, parse_archs, running_gpu_arch
+from .toolkit import (
+    INSTALL_CUDA_HEADERS,
+    cuda_include_dirs,
+    gpu_unavailable_reason,
+    parse_archs,
+    running_gpu_arch,
+)
 
 INSTALL_NVRTC = (
     'install NVRTC and its Python bindings: pip install "opmagic[cuda]" (cuda-bindings and '
@@ -70,6 +76,7 @@ class CudaKernels(Displayable):
     compile_seconds: float
     cached: bool
     fixed_arch: bool  # --arch was given: every GPU gets this binary
+    no_gpu: str | None = None  # why no GPU can run them here (when compiled), or None
     kernels: dict[str, CudaKernel] = field(default_factory=dict)
     closed: bool = False
 
@@ -165,6 +172,7 @@ def compile_cuda_kernels(
         time.perf_counter() - started,
         cached,
         bool(archs),
+        gpu_unavailable_reason(),
     )
     result.kernels = {k.name: CudaKernel(k, result) for k in signatures}
     return result

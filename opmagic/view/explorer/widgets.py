@@ -23,9 +23,9 @@ from typing import Any
 import ipywidgets as widgets
 
 from ...errors import OpmagicError
-from ..html import listing_html, steps_html
+from ..resolution import answer_line, steps_html
 from ..style import FAIL_COLOUR, styled
-from ..text import answer_line
+from ..table import listing_html
 from .model import ExplorerModel, find_ops, namespaces, warm_up
 from .samples import DTYPES, LAYOUTS, VIEWS, ArgumentSlot, devices
 

@@ -10,7 +10,7 @@ assumed to do what such code usually does, and its steps are marked ``assumed``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -85,7 +85,7 @@ def _mode(call: OperatorCall, mode: Any, guard: PythonGuard) -> KernelOutcome:
             f"({label_callable(rule)})",
         )
     if dispatcher.is_fake_mode(mode):
-        return _fake_mode(call, mode, name, guard.handler_exclude | guard.python_keys)
+        return _fake(call, mode, name, guard)
     if dispatcher.is_functional_tensor_mode(mode):
         return _functional_mode(call, mode, guard)
     return KernelOutcome(
@@ -116,8 +116,7 @@ def _subclass(call: OperatorCall, tensor: torch.Tensor, guard: PythonGuard) -> K
             f"({label_callable(rule)}); what runs next is up to it",
         )
     if dispatcher.is_fake_tensor_type(subclass):
-        mode = dispatcher.fake_mode_of(tensor)
-        return _fake_mode(call, mode, "FakeTensor", guard.handler_exclude | guard.python_keys)
+        return _fake(call, dispatcher.fake_mode_of(tensor), "FakeTensor", guard)
     if dispatcher.is_functional_tensor_subclass(subclass):
         return KernelOutcome("error", functional_tensor_alone_message(str(call.ref)))
     if tensor.is_nested and tensor.layout == torch.jagged:
@@ -159,6 +158,26 @@ def _inner(value: DispatchValue, subclass: type, name: str) -> DispatchValue:
 
 
 # ------------------------------------------------------------------ torch's own Python code
+
+
+def _fake(call: OperatorCall, mode: Any, mode_name: str, guard: PythonGuard) -> KernelOutcome:
+    """FakeTensorMode or a FakeTensor's handler. Given a tensor subclass it does not know (a
+    wrapper holding fake tensors), it returns NotImplemented and that subclass's handler runs,
+    the mode still active for the calls the handler makes."""
+    other = next(
+        (value for value in call.state.values if dispatcher.fake_tensor_passes_on(value.tensor)),
+        None,
+    )
+    if other is None:
+        return _fake_mode(call, mode, mode_name, guard.handler_exclude | guard.python_keys)
+    outcome = _subclass(call, other.tensor, guard)
+    if outcome.action == "error":
+        return outcome
+    passed_on = (
+        f"{mode_name} returns NotImplemented (argument {other.name} is a "
+        f"{type(other.tensor).__qualname__}, a tensor subclass it does not know), so the call "
+    )
+    return replace(outcome, note=passed_on + outcome.note)
 
 
 def _fake_mode(call: OperatorCall, mode: Any, mode_name: str, exclude: int) -> KernelOutcome:

@@ -1,0 +1,45 @@
+"""A sweep's progress: sent to a callback, or shown as a bar once the sweep takes a moment."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .result import SweepProgress
+
+PROGRESS_DELAY_S = 0.5  # a sweep shows its progress bar once it has run this long
+
+ProgressCallback = Callable[[SweepProgress], None]
+
+
+class Reporter:
+    """Sends a sweep's progress to a callback, or shows it once the sweep has taken
+    :data:`PROGRESS_DELAY_S` (through the ``"live"`` view of :class:`SweepProgress`)."""
+
+    def __init__(self, progress: bool | ProgressCallback, total: int) -> None:
+        self.callback = progress if callable(progress) else None
+        self.show = progress is True
+        self.total = total
+        self.started = time.perf_counter()
+        self.live: Any = None  # what shows the bar, once it is shown
+
+    def report(self, done: int, case: str) -> None:
+        """Case ``done + 1`` is starting."""
+        self._send(SweepProgress(done, self.total, case, self._elapsed()))
+
+    def finish(self, done: int) -> None:
+        """The sweep ended, after ``done`` cases (fewer than planned: it was stopped)."""
+        stopped = done < self.total
+        self._send(SweepProgress(done, self.total, "", self._elapsed(), True, stopped))
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def _send(self, event: SweepProgress) -> None:
+        if self.callback is not None:
+            self.callback(event)
+        elif self.live is not None:
+            self.live.update(event)
+        elif self.show and event.elapsed >= PROGRESS_DELAY_S:
+            self.live = event.view("live")
