@@ -11,6 +11,7 @@ from . import view  # noqa: F401  (importing it registers the renderers)
 from .cells.cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
 from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .cells.session import Session, SessionReport, active_session, registration_site
+from .cells.triton_op import TritonKernelRow, TritonOpResult, triton_op_from_source
 from .dispatch import (
     DispatchTable,
     KeyInfo,
@@ -56,6 +57,8 @@ from .errors import (
     OpmagicError,
     RegistrationError,
     ToolchainError,
+    TritonKernelError,
+    TritonNotInstalledError,
     UnknownDispatchKeyError,
     UnknownOperatorError,
 )
@@ -69,6 +72,7 @@ from .native import (
     compile_library,
     precompile_headers,
 )
+from .native.triton import TritonLaunch
 from .verify import (
     CaseResult,
     CheckReport,
@@ -157,6 +161,11 @@ __all__ = [
     "ToolchainError",
     "Trace",
     "TracedCall",
+    "TritonKernelError",
+    "TritonKernelRow",
+    "TritonLaunch",
+    "TritonNotInstalledError",
+    "TritonOpResult",
     "UnknownDispatchKeyError",
     "UnknownOperatorError",
     "active_session",
@@ -179,4 +188,5 @@ __all__ = [
     "runtime_keys",
     "snapshot",
     "trace",
+    "triton_op_from_source",
 ]

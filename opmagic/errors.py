@@ -90,6 +90,29 @@ class CudaToolkitError(ToolchainError):
     """nvcc, CUDA's headers or NVRTC are missing, or do not fit this torch."""
 
 
+class TritonNotInstalledError(ToolchainError):
+    """``%%triton_op`` needs the ``triton`` package; the message says which version to install."""
+
+
+class TritonKernelError(OpmagicError, RuntimeError):
+    """A Triton kernel that does not compile, or that failed while it ran (an out-of-bounds
+    access the interpreter caught): ``filename`` and ``line`` are where in the kernel, as the
+    user numbers the cell's lines; ``kernel`` is the kernel's name."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kernel: str = "",
+        filename: str | None = None,
+        line: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kernel = kernel
+        self.filename = filename
+        self.line = line
+
+
 class NoGPUError(OpmagicError, RuntimeError):
     """A kernel was asked to run where no GPU can run it (no driver, no device, CPU torch)."""
 

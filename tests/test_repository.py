@@ -25,7 +25,7 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 def test_ci_installs_torch_before_the_project():
     text = (ROOT / ".ci" / "run").read_text()
-    assert text.index("torch==2.13.0") < text.index('-e ".[test,cuda]"')
+    assert text.index("torch==2.13.0") < text.index('-e ".[test,cuda,triton]"')
 
 
 def test_readme_documents_every_cli_command():

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from opmagic import (
+    AffectedCalls,
     CheckReport,
     Comparison,
     CompileError,
     CudaKernelResult,
     CudaKernels,
-    AffectedCalls,
     CustomOpResult,
     DispatchDiff,
     DispatchSnapshot,
@@ -35,6 +35,8 @@ from opmagic import (
     SweepProgress,
     Trace,
     TracedCall,
+    TritonLaunch,
+    TritonOpResult,
     check_op,
     compare,
     compile_library,
@@ -77,6 +79,8 @@ CHECKED = {
     DispatchDiff: "test_library_op_results_survive_destroy_and_redefinition",
     OpTableDiff: "test_library_op_results_survive_destroy_and_redefinition",
     AffectedCalls: "test_library_op_results_survive_destroy_and_redefinition",
+    TritonOpResult: "test_a_triton_op_cell_and_its_launches_survive_a_rerun_and_unload",
+    TritonLaunch: "test_a_triton_op_cell_and_its_launches_survive_a_rerun_and_unload",
 }
 NOT_ABOUT_OPERATORS = {CompileError}  # the compiler's output it carries, and nothing else
 
@@ -226,6 +230,68 @@ def test_cell_results_survive_a_rerun_and_unload(ipython) -> None:
         assert all_shown(results) == before
         ipython.run_line_magic("unload_ext", "opmagic")
         loaded = False
+        assert all_shown(results) == before
+    finally:
+        if loaded:
+            ipython.run_line_magic("unload_ext", "opmagic")
+        ipython.reset()
+
+
+TRITON_CELL = """
+%%triton_op snap_triton::add --interpret --check "torch.randn(100), torch.randn(100)"
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x {op} tl.load(y_ptr + offsets, mask=mask), mask=mask)
+
+def add(x: Tensor, y: Tensor) -> Tensor:
+    out = torch.empty_like(x)
+    wrap_triton(add_kernel)[(triton.cdiv(out.numel(), {block}),)](
+        x, y, out, out.numel(), BLOCK={block}
+    )
+    return out
+"""
+
+
+def test_a_triton_op_cell_and_its_launches_survive_a_rerun_and_unload(ipython) -> None:
+    """Triton's interpreter (no GPU needed). A ``%%triton_op`` summary and a trace of the op,
+    its call and the launch noted under it, show the same after the cell re-runs with another
+    kernel and block size, and after ``%unload_ext`` removes the op and its kernels."""
+    pytest.importorskip("triton")
+    ipython.run_line_magic("load_ext", "opmagic")
+    loaded = True
+    try:
+        cells = Cells(ipython)
+        cells.run("import torch\nfrom torch import Tensor")
+        summary = cells.run(TRITON_CELL.format(op="+", block=64), cell_id="snap-triton").result
+        x, y = torch.randn(100), torch.randn(100)
+        traced = trace(torch.ops.snap_triton.add, x, y)
+        call = next(c for c in traced.walk() if c.notes)
+        results: dict[str, Displayable] = {
+            "summary": summary,
+            "checks": summary.checks,
+            "trace": traced,
+            "call": call,
+            "launch": call.notes[0],
+        }
+        assert {type(result) for result in results.values()} - {CheckReport, Trace, TracedCall} == (
+            _checked_by("test_a_triton_op_cell_and_its_launches_survive_a_rerun_and_unload")
+        )
+        before = all_shown(results)
+        assert "launch add_kernel grid (2,) BLOCK=64" in before["trace"]["text"]
+        assert "launched by add" in before["summary"]["text"]
+        cells.run(TRITON_CELL.format(op="*", block=32), cell_id="snap-triton")
+        assert "BLOCK=32" in str(trace(torch.ops.snap_triton.add, x, y))
+        assert all_shown(results) == before
+        ipython.run_line_magic("unload_ext", "opmagic")
+        loaded = False
+        assert not hasattr(torch.ops.snap_triton, "add")
         assert all_shown(results) == before
     finally:
         if loaded:

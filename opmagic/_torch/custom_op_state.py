@@ -35,6 +35,14 @@ def custom_op_parts(opdef: Any) -> dict[str, Any]:
     }
 
 
+def custom_op_function(opdef: Any) -> Any:
+    """The function a ``CustomOpDef`` was made from: the decorated one for ``custom_op``, the
+    launcher for ``triton_op`` (which wraps it in a function of its own)."""
+    from . import triton
+
+    return triton.triton_op_launcher(opdef._init_fn) or opdef._init_fn
+
+
 def registered_fake_impl(qualname: str) -> Any | None:
     """The fake (abstract) impl registered for an operator with ``register_fake``, if any."""
     from torch._library import simple_registry
@@ -89,14 +97,19 @@ def custom_op_library(qualname: str) -> Any | None:
 
 
 def set_custom_op_entry(qualname: str, opdef: Any | None, library: Any | None) -> None:
-    """Set (``None``: remove) the CustomOpDef and Library torch keeps for ``qualname``."""
+    """Set (``None``: remove) the CustomOpDef and Library torch keeps for ``qualname``, and
+    the Triton kernels it keeps for a ``triton_op`` (those of the CustomOpDef's launcher)."""
     from torch._library import custom_ops
+
+    from . import triton
 
     for table, value in ((custom_ops.OPDEFS, opdef), (custom_ops.OPDEF_TO_LIB, library)):
         if value is None:
             table.pop(qualname, None)
         else:
             table[qualname] = value
+    launcher = triton.triton_op_launcher(opdef._init_fn) if opdef is not None else None
+    triton.sync_op_kernels(qualname, launcher)
 
 
 # ---------------------------------------------------------------- custom_op Python state

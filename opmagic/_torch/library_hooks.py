@@ -160,7 +160,7 @@ class DispatcherRegistration(Registration):
     def definition(self) -> tuple[str, str, frozenset]:
         """A def's normalised schema, alias analysis and tags (raises on a bad schema)."""
         schema, alias_analysis, tags = self.args
-        parsed = _C.parse_schema(f"{self.module.namespace}::{schema}")
+        parsed = _C.parse_schema(f"{self.module.namespace}::{schema.strip()}")
         return str(parsed), alias_analysis, frozenset(tags)
 
     def adopt(self, previous: DispatcherRegistration) -> None:

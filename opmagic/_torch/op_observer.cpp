@@ -516,6 +516,12 @@ bool running() {
   return t_recorder.handle != 0;
 }
 
+// How many events this thread's log holds: what Python code notes while the log runs is
+// placed among the calls by it (after that many enters and exits).
+size_t position() {
+  return t_recorder.events.size();
+}
+
 // Python objects of an enum, indexed by value (None where torch has no Python object for it).
 template <typename Enum, typename ToPython>
 py::tuple enum_objects(Enum count, ToPython to_python) {
@@ -554,5 +560,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("start", &start, "Log every operator call on this thread (describe, check).");
   module.def("stop", &stop, "Stop; returns (ops, events, error).");
   module.def("running", &running, "Whether this thread is being observed.");
+  module.def("position", &position, "How many events this thread's log holds so far.");
   module.def("enum_tables", &enum_tables, "torch.dtype/layout/memory_format objects by value.");
 }

@@ -93,6 +93,12 @@ def running() -> bool:
     return _module().running()
 
 
+def position() -> int:
+    """How many events this thread's log holds so far: something that happens now comes after
+    that many enters and exits (the trace places notes among its calls by it)."""
+    return _module().position()
+
+
 @functools.cache
 def enum_tables() -> dict[str, tuple[Any, ...]]:
     """``torch.dtype``, ``torch.layout`` and ``torch.memory_format`` objects by enum value,

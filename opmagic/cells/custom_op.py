@@ -210,10 +210,56 @@ def custom_op_from_source(
             f"custom_op_from_source: tags must be torch.Tag members, got {tags!r:.60}."
         )
     qualname = parse_operator_name(name)
-    if filename is None:  # a name of our own: tracebacks and messages read the source from here
-        filename = f"<custom_op {qualname}>"
-        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    if filename is None:
+        filename = source_file(f"<custom_op {qualname}>", source)
     namespace = {} if namespace is None else namespace
+
+    def make_op(function: Callable) -> Any:
+        """``torch.library.custom_op`` on the cell's function."""
+        return torch.library.custom_op(
+            qualname,
+            mutates_args=mutates_args,
+            device_types=device_types,
+            schema=schema,
+            tags=tuple(tags),
+        )(function)
+
+    op, function_name, notes = define_op_from_source(
+        source, qualname, filename, namespace, make_op, mutates_args=mutates_args, schema=schema
+    )
+    return CustomOpResult(op, qualname, function_name, notes)
+
+
+def source_file(name: str, source: str) -> str:
+    """Put ``source`` in the line cache under ``name`` (tracebacks and messages read it there)
+    and return ``name``: the file name of a source that has none of its own."""
+    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
+    return name
+
+
+def define_op_from_source(
+    source: str,
+    qualname: str,
+    filename: str,
+    namespace: dict[str, Any],
+    make_op: Callable[[Callable], Any],
+    *,
+    mutates_args: Iterable[str] | str,
+    schema: str | None,
+    schema_option: bool = True,
+    running: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> tuple[Any, str, tuple[str, ...]]:
+    """Run a cell's ``source`` and make its function the operator ``qualname``: what every
+    cell front end of a Python operator shares (``%%custom_op``, ``%%triton_op``).
+
+    The source runs in ``namespace`` inside ``running()`` with the companion decorators of
+    this module's docstring; ``make_op(function)`` makes the operator (at the function's cell
+    line, for the session), then the companions are registered (``schema_option``: whether
+    the front end takes a schema in place of type hints, which messages then suggest).
+    Returns ``(op, the function's name, notes)``, the op bound in ``namespace`` under that
+    name; a failure raises :class:`CellSourceError` at its cell line, the name keeping its
+    previous value.
+    """
     namespace.setdefault("__builtins__", __builtins__)
     _refuse_foreign(qualname)
     tree = _parse(source, filename)
@@ -224,7 +270,8 @@ def custom_op_from_source(
     previous = namespace.get(function_node.name, _UNBOUND)
     collector = _Collector(filename)
     try:
-        _run(code, filename, namespace, collector, qualname)
+        with running():
+            _run(code, filename, namespace, collector, qualname)
         function = namespace[function_node.name]
         where = label_location(filename, function_node.lineno)
         if not inspect.isfunction(function):
@@ -236,11 +283,15 @@ def custom_op_from_source(
                 line=function_node.lineno,
             )
         if schema is None:
-            _infer_schema(function, mutates_args, where, filename, function_node.lineno)
+            _infer_schema(
+                function, mutates_args, where, filename, function_node.lineno, schema_option
+            )
         else:
             _check_schema_fits(function, schema, qualname, where, filename, function_node.lineno)
         notes = _replacement_notes(qualname)
-        op = _make_op(qualname, function, mutates_args, device_types, schema, tags, filename)
+        line = function.__code__.co_firstlineno
+        with registration_site(filename, line), _reported(filename, line):
+            op = make_op(function)
         _apply_companions(op, collector.companions, filename)
         session = active_session()
         if session is not None:
@@ -252,7 +303,7 @@ def custom_op_from_source(
             namespace[function_node.name] = previous
         raise
     namespace[function_node.name] = op
-    return CustomOpResult(op, qualname, function_node.name, notes)
+    return op, function_node.name, notes
 
 
 def _check_arguments(source: Any, name: Any, namespace: Any, filename: Any, schema: Any) -> None:
@@ -567,9 +618,15 @@ def _cell_error(error: BaseException, filename: str, qualname: str) -> CellSourc
 
 
 def _infer_schema(
-    function: Callable, mutates_args: Any, where: str, filename: str, line: int
+    function: Callable,
+    mutates_args: Any,
+    where: str,
+    filename: str,
+    line: int,
+    schema_option: bool = True,
 ) -> None:
-    """Infer the schema as custom_op will, to report a failure at the function's line."""
+    """Infer the schema as custom_op will, to report a failure at the function's line
+    (``schema_option``: whether the fix may be to give the schema instead)."""
     try:
         torch.library.infer_schema(function, mutates_args=mutates_args)
     except ValueError as error:
@@ -579,8 +636,8 @@ def _infer_schema(
             "Correct --mutates-args or the function's parameters."
             if "mutates_args" in reason
             else "Use the types torch.library supports (Tensor, int, float, bool, str, "
-            "torch.device, torch.dtype, and Optional/Sequence of them) or pass "
-            "--schema '(Tensor x) -> Tensor'."
+            "torch.device, torch.dtype, and Optional/Sequence of them)"
+            + (" or pass --schema '(Tensor x) -> Tensor'." if schema_option else ".")
         )
         raise CellSourceError(
             f"{where}: cannot infer a schema for {function.__name__}(): {reason}. {fix}",
@@ -597,31 +654,10 @@ def _replacement_notes(qualname: str) -> tuple[str, ...]:
         return ()
     session = active_session()
     where = session.definition_site(qualname) if session is not None else None
-    code = getattr(opdef._init_fn, "__code__", None)
+    code = getattr(custom_op_state.custom_op_function(opdef), "__code__", None)
     if where is None and code is not None:
         where = label_location(code.co_filename, code.co_firstlineno)
     return (f"replaces the previous {qualname}" + (f" from {where}" if where else ""),)
-
-
-def _make_op(
-    qualname: str,
-    function: Callable,
-    mutates_args: Any,
-    device_types: Any,
-    schema: str | None,
-    tags: Iterable[torch.Tag],
-    filename: str,
-) -> Any:
-    """``torch.library.custom_op`` on the function, recorded at the function's cell line."""
-    line = function.__code__.co_firstlineno
-    with registration_site(filename, line), _reported(filename, line):
-        return torch.library.custom_op(
-            qualname,
-            mutates_args=mutates_args,
-            device_types=device_types,
-            schema=schema,
-            tags=tuple(tags),
-        )(function)
 
 
 def _apply_companions(op: Any, companions: list[_Companion], filename: str) -> None:
@@ -688,5 +724,7 @@ __all__ = [
     "KernelRow",
     "custom_op_from_source",
     "custom_op_kernels",
+    "define_op_from_source",
     "parse_operator_name",
+    "source_file",
 ]

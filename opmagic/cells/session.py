@@ -49,7 +49,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._torch import custom_op_state, dispatcher, library_hooks
+from .._torch import custom_op_state, dispatcher, library_hooks, triton
 from ..dispatch.sites import label_location
 from ..display import Displayable
 from ..errors import ForeignOperatorError, OpmagicError
@@ -71,7 +71,8 @@ def registration_site(filename: str, line: int) -> Iterator[None]:
     """Record the registrations made inside as made by a cell at ``filename:line``.
 
     Front ends that register on a cell's behalf (``%%custom_op``) use it, so that the
-    session tracks what they register and tables name the cell's line.
+    session tracks what they register and tables name the cell's line. Registrations made
+    by modules imported meanwhile (torch imports some lazily) stay theirs.
     """
     token = _site_override.set((filename, line))
     try:
@@ -194,17 +195,33 @@ class _CaptureRule:
 
     def __init__(self, is_cell_code: Callable[[str], bool]) -> None:
         self.is_cell_code = is_cell_code
-        prefixes = [
+        wrappers = [  # torch's registration API and opmagic's hooks into it
             *library_hooks.registration_machinery_paths(),
-            os.path.dirname(os.path.dirname(__file__)) + os.sep,  # all of opmagic
+            library_hooks.__file__,
+            *(module.__file__ for module in (functools, contextlib, warnings)),
         ]
-        prefixes += [module.__file__ for module in (functools, contextlib, warnings)]
         with contextlib.suppress(ImportError):
             import typing_extensions
 
-            prefixes.append(typing_extensions.__file__)
-        self._prefixes = tuple(p for p in prefixes if p)
+            wrappers.append(typing_extensions.__file__)
+        self._wrappers = tuple(p for p in wrappers if p)
+        self._opmagic = os.path.dirname(os.path.dirname(__file__)) + os.sep  # all of opmagic
+        self._prefixes = (*self._wrappers, self._opmagic)
         self._looked_through: dict[str, bool] = {}
+
+    def by_opmagic(self, frame: Any) -> bool:
+        """Whether opmagic itself makes the registration (a front end registering on a cell's
+        behalf), not a module imported on the way: torch imports some lazily (the first
+        ``triton_op`` imports ``torch._inductor``), and their registrations are not the cell's.
+        """
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename.startswith("<frozen importlib"):
+                return False
+            if filename.startswith(self._opmagic) and not filename.startswith(self._wrappers):
+                return True
+            frame = frame.f_back
+        return False
 
     def site(self, frame: Any) -> Site | None:
         """The cell line a registration comes from, or ``None`` when no cell makes it."""
@@ -489,9 +506,10 @@ class Session:
         if self._run is None:
             return None
         override = _site_override.get()
-        if override is not None:
+        frame = sys._getframe(1)
+        if override is not None and self._rule.by_opmagic(frame):
             return override
-        return self._rule.site(sys._getframe(1))
+        return self._rule.site(frame)
 
     def make_room(self, registration: library_hooks.Registration) -> Callable[[bool], None]:
         """Evict what ``registration`` replaces; the returned callable gets whether it applied.
@@ -694,14 +712,17 @@ class Session:
             change.reapply()
 
     def _restore_bindings(self, created: set[int]) -> None:
-        """Names the failed run bound to its new custom ops and Libraries (``created``: ids of
-        the Libraries) get their previous values."""
+        """Names the failed run bound to its new custom ops, Libraries (``created``: ids of
+        the Libraries) and Triton kernels (which launchers find by name) get their previous
+        values."""
         namespace = self._namespace
         if namespace is None:
             return
+        kept = {id(value) for value in self._bindings.values()}
         for name, value in list(namespace.items()):
             new_opdef = custom_op_state.is_custom_op_def(value) and id(value) not in self._states
-            if new_opdef or id(value) in created:
+            new_kernel = triton.is_kernel(value) and id(value) not in kept
+            if new_opdef or new_kernel or id(value) in created:
                 if name in self._bindings:
                     namespace[name] = self._bindings[name]
                 else:
@@ -781,8 +802,13 @@ class _Failures:
 
 
 def _is_registering_object(value: Any) -> bool:
-    """A CustomOpDef or a Library: what a failed cell's rebinding of a name must not lose."""
-    return custom_op_state.is_custom_op_def(value) or library_hooks.is_library(value)
+    """A CustomOpDef, a Library or a Triton kernel: what a failed cell's rebinding of a name
+    must not lose."""
+    return (
+        custom_op_state.is_custom_op_def(value)
+        or library_hooks.is_library(value)
+        or triton.is_kernel(value)
+    )
 
 
 def _grouped(registrations: Iterator[library_hooks.Registration]) -> list[tuple[str, str]]:

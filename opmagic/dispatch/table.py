@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._torch import custom_op_state, dispatcher, library_hooks
+from .._torch import custom_op_state, dispatcher, library_hooks, triton
 from ..display import Displayable
 from .keys import KeyInfo, catalogue
 from .ops import OpRef, op_ref, overloads_of
@@ -423,6 +423,14 @@ def _custom_op_describer(qualname: str) -> Any:
             )
             fn = parts["device_kernels"].get(device) if kind == "kernel" else None
             fn = fn or parts["device_kernels"].get(None) or parts["impl"]
+            launcher = triton.triton_op_launcher(fn)
+            if launcher is not None:
+                kernels = [
+                    label_callable(triton.kernel_function(k))
+                    for k in triton.launched_kernels(launcher)
+                ]
+                launching = f" launching {', '.join(kernels)}" if kernels else ""
+                return f"triton_op launcher {label_callable(launcher)}{launching}"
             user_function = custom_op_state.unwrap_registered_function(fn)
             return f"custom_op impl {label_callable(user_function)}"
         if info.category == "autograd":

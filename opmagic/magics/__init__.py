@@ -17,6 +17,7 @@ from typing import Any
 MAGIC_CLASSES: list[tuple[str, str]] = [
     ("session", "SessionMagics"),
     ("custom_op", "CustomOpMagics"),
+    ("triton_op", "TritonOpMagics"),
     ("torch_library", "TorchLibraryMagics"),
     ("cuda_kernel", "CudaKernelMagics"),
     ("dispatch", "DispatchMagics"),

@@ -3,10 +3,11 @@
 An :class:`Option` is an argparse argument as data. A bundle (a tuple of options) is
 applied to a magic with :func:`with_options`, as IPython's ``script_args`` does, or to an
 argparse parser with :func:`add_options`: ``%%torch_library`` and ``%%cuda_kernel`` share
-:data:`BUILD_OPTIONS`, the three cell magics :data:`COMPARE_OPTIONS`; ``%dispatch``,
-``%%trace`` and the CLI's ``resolve`` share :data:`CONTEXT_OPTIONS`; ``%kernels`` and the
-CLI's ``kernels`` share :data:`KERNELS_OPTIONS`. The values of options are read here too:
-:func:`evaluate` (a Python expression) and :func:`names` (a comma-separated list).
+:data:`BUILD_OPTIONS`, the cell magics :data:`COMPARE_OPTIONS`, ``%%custom_op`` and
+``%%triton_op`` :data:`PYTHON_OP_OPTIONS`; ``%dispatch``, ``%%trace`` and the CLI's
+``resolve`` share :data:`CONTEXT_OPTIONS`; ``%kernels`` and the CLI's ``kernels`` share
+:data:`KERNELS_OPTIONS`. The values of options are read here too: :func:`evaluate` (a Python
+expression) and :func:`names` (a comma-separated list).
 """
 
 from __future__ import annotations
@@ -233,6 +234,46 @@ def call_context(options: argparse.Namespace) -> CallContext:
     )
 
 
+# ---------------------------------------------------------------- a cell's Python operator
+
+PYTHON_OP_OPTIONS: tuple[Option, ...] = (  # of %%custom_op and %%triton_op
+    Option(
+        ("--mutates-args",),
+        {
+            "default": "",
+            "metavar": "NAMES",
+            "help": "comma-separated names of the arguments the function mutates in place, or "
+            "'unknown' (assume it may mutate every argument); default: it mutates nothing",
+        },
+    ),
+    Option(
+        ("--check",),
+        {
+            "default": None,
+            "metavar": "EXPR",
+            "help": "a Python expression for sample arguments (a tuple is the argument list); "
+            "runs torch.library.opcheck, and gradcheck when the cell has a @backward, and "
+            "shows a pass/fail table",
+        },
+    ),
+)
+
+
+def mutates_args(options: argparse.Namespace) -> tuple[str, ...] | str:
+    """``custom_op``'s ``mutates_args`` from parsed :data:`PYTHON_OP_OPTIONS`."""
+    text = options.mutates_args.strip()
+    return "unknown" if text == "unknown" else tuple(names(text))
+
+
+def check_arguments(options: argparse.Namespace, namespace: dict[str, Any]) -> tuple | None:
+    """The sample arguments ``--check EXPR`` of parsed :data:`PYTHON_OP_OPTIONS` gives, EXPR
+    evaluated in ``namespace`` (a tuple is the argument list); ``None`` without ``--check``."""
+    if options.check is None:
+        return None
+    value = evaluate(options.check, namespace, "--check")
+    return value if isinstance(value, tuple) else (value,)
+
+
 # ---------------------------------------------------------------- kernels per dispatch key
 
 KERNELS_OPTIONS: tuple[Option, ...] = (  # of %kernels and `python -m opmagic kernels`
@@ -296,7 +337,7 @@ def kernels_keywords(options: argparse.Namespace) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- comparing a cell's op
 
-COMPARE_OPTIONS: tuple[Option, ...] = (  # of %%custom_op, %%torch_library and %%cuda_kernel
+COMPARE_OPTIONS: tuple[Option, ...] = (  # of the cell magics that make an op
     Option(
         ("--compare",),
         {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 from IPython.core.error import UsageError
@@ -11,8 +10,16 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.custom_op import CustomOpResult, custom_op_from_source
-from ..verify import CheckReport, check_op
-from .arguments import COMPARE_OPTIONS, evaluate, names, parse_options, with_options
+from ..verify import check_op
+from .arguments import (
+    COMPARE_OPTIONS,
+    PYTHON_OP_OPTIONS,
+    check_arguments,
+    mutates_args,
+    names,
+    parse_options,
+    with_options,
+)
 from .compare import compare_cell
 from .context import magic_context
 from .session import running_cell_number
@@ -36,13 +43,7 @@ class CustomOpMagics(Magics):
 
     @magic_arguments()
     @argument("name", help="the operator's name, NAMESPACE::NAME (e.g. mylib::numpy_sin)")
-    @argument(
-        "--mutates-args",
-        default="",
-        metavar="NAMES",
-        help="comma-separated names of the arguments the function mutates in place, or "
-        "'unknown' (assume it may mutate every argument); default: it mutates nothing",
-    )
+    @with_options(PYTHON_OP_OPTIONS)
     @argument(
         "--device-types",
         default=None,
@@ -61,14 +62,6 @@ class CustomOpMagics(Magics):
         default="",
         metavar="TAGS",
         help="comma-separated torch.Tag names for the operator, e.g. pt2_compliant_tag",
-    )
-    @argument(
-        "--check",
-        default=None,
-        metavar="EXPR",
-        help="a Python expression for sample arguments (a tuple is the argument list); runs "
-        "torch.library.opcheck, and gradcheck when the cell has a @backward, and shows "
-        "a pass/fail table",
     )
     @with_options(COMPARE_OPTIONS)
     @cell_magic
@@ -105,27 +98,20 @@ class CustomOpMagics(Magics):
         shell = self.shell
         with magic_context("%%custom_op"):
             args = parse_options(self.custom_op, line)
-            mutates = args.mutates_args
             devices = names(args.device_types) if args.device_types is not None else None
             source = f"# %%custom_op {line}\n{cell}"
             filename = shell.compile.cache(source, running_cell_number(shell), raw_code=source)
             result = custom_op_from_source(
                 source,
                 args.name,
-                mutates_args="unknown" if mutates.strip() == "unknown" else names(mutates),
+                mutates_args=mutates_args(args),
                 device_types=devices[0] if devices and len(devices) == 1 else devices,
                 schema=args.schema,
                 tags=_tags(args.tags),
                 namespace=shell.user_ns,
                 filename=filename,
             )
-            if args.check is not None:
-                result = dataclasses.replace(result, checks=_check(result, args.check, shell))
+            samples = check_arguments(args, shell.user_ns)
+            if samples is not None:
+                result = dataclasses.replace(result, checks=check_op(result.op, samples))
         return compare_cell(shell, args.compare, result, "%%custom_op")
-
-
-def _check(result: CustomOpResult, expression: str, shell: Any) -> CheckReport:
-    """``--check EXPR``: the checks of the cell's op with the sample arguments EXPR gives
-    (a tuple is the argument list)."""
-    value = evaluate(expression, shell.user_ns, "--check")
-    return check_op(result.op, value if isinstance(value, tuple) else (value,))

@@ -9,7 +9,7 @@ the explorer widget lives in :mod:`opmagic.view.explorer` and is imported only w
 opened. A view formats what its result holds: it never reads the live dispatcher.
 """
 
-from . import cells, compare, cuda, diff, frames, library, resolution, table, trace
+from . import cells, compare, cuda, diff, frames, library, resolution, table, trace, triton
 
 __all__ = [
     "cells",
@@ -21,4 +21,5 @@ __all__ = [
     "resolution",
     "table",
     "trace",
+    "triton",
 ]

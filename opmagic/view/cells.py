@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
 
 from ..cells.custom_op import CustomOpResult
@@ -15,10 +16,12 @@ from .table import grouped_entries, table_html
 
 
 @renders(CustomOpResult, "text")
-def custom_op_text(result: CustomOpResult) -> str:
-    """Schema, where it is bound, the kernels the cell registered, its dispatch table, checks."""
+def custom_op_text(result: CustomOpResult, details: Sequence[str] = ()) -> str:
+    """Schema, where it is bound, the kernels the cell registered, its dispatch table, checks;
+    ``details``: lines a more specific summary (``%%triton_op``'s) adds after the notes."""
     call = f"  call it as {result.function}(...) or torch.ops.{result.dotted}(...)"
     lines = fitted([result.schema, call, *(f"  note: {note}" for note in result.notes)])
+    lines += details
     lines.append("  registered by the cell:")
     lines += aligned([(k.key, k.role, joined(k.function, k.where)) for k in result.kernels], "    ")
     lines.append("  dispatch table (keys the operator's own kernels serve):")
@@ -42,15 +45,16 @@ def own_kernel_rows(table: DispatchTable) -> list[tuple[str, str, str]]:
 
 
 @renders(CustomOpResult, "html")
-def custom_op_html(result: CustomOpResult) -> str:
-    """The summary as HTML; the dispatch table folds away under a <details>."""
+def custom_op_html(result: CustomOpResult, details: str = "") -> str:
+    """The summary as HTML; the dispatch table folds away under a <details>. ``details``:
+    HTML a more specific summary adds after the notes."""
     rows = [(k.key, k.role, k.function, k.where) for k in result.kernels]
     notes = "".join(f'<div class="dim">note: {escape(n)}</div>' for n in result.notes)
     checks = check_html(result.checks) if result.checks is not None else ""
     return styled(
         f"<b>{escape(result.schema)}</b>"
         f'<div class="dim">call it as {escape(result.function)}(...) or '
-        f"torch.ops.{escape(result.dotted)}(...)</div>{notes}"
+        f"torch.ops.{escape(result.dotted)}(...)</div>{notes}{details}"
         + html_rows(rows, ("key", "registers", "function", "where"))
         + f"<details><summary>dispatch table</summary>{table_html(result.table)}</details>"
         + checks

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import graphviz
 
 from ..dispatch.trace import Surprises, Trace, TracedCall
-from ..display import renders
+from ..display import Displayable, renders
 from .diagram import Diagram, dot_label
 from .layout import wrap
 from .style import FAIL_COLOUR, KIND_COLOURS, KIND_FILLS, styled
@@ -99,9 +99,10 @@ def calls_text(calls: Sequence[TracedCall], width: int | None = None) -> list[st
         middle = f"{middle}  [{_short_kind(call.kernel_kind)}]"
         left = _clip(name, name_width).ljust(name_width)
         lines.append(f"{left}  {_clip(middle, middle_width).ljust(middle_width)}  {time}")
+        indent = " " * (len(name) - len(name.lstrip(" │├└─")) + 3)
         if call.error:
-            indent = " " * (len(name) - len(name.lstrip(" │├└─")) + 3)
             lines.append(_clip(f"{indent}✗ {call.error}", width))
+        lines += [_clip(f"{indent}▸ {note}", width) for note in call.notes]
     return lines
 
 
@@ -111,6 +112,7 @@ def trace_text(trace: Trace, width: int | None = None) -> str:
     width = width or shutil.get_terminal_size().columns
     headline = [wrapped for line in _headline(trace) for wrapped in wrap(line, width)]
     lines = [*headline, *calls_text(trace.calls, width)]
+    lines += [_clip(f"▸ {note}", width) for note in trace.notes]
     surprises = trace.surprises()
     if len(surprises):
         lines += ["", surprises_text(surprises, width)]
@@ -162,11 +164,18 @@ def _call_row(call: TracedCall) -> str:
     )
 
 
+def _note_html(note: object) -> str:
+    """A note (a Triton launch, ...) as a line of the tree: its HTML view, else its text."""
+    shown = note._repr_html_() if isinstance(note, Displayable) else None
+    return f'<div class="call">▸ {shown or escape(str(note))}</div>'
+
+
 def _call_html(call: TracedCall) -> str:
     row = _call_row(call)
+    notes = "".join(_note_html(note) for note in call.notes)
     if not call.children:
-        return f'<div class="call">{row}</div>'
-    children = "".join(_call_html(c) for c in call.children)
+        return f'<div class="call">{row}{notes}</div>'
+    children = notes + "".join(_call_html(c) for c in call.children)
     return (
         f'<details class="call"><summary>{row}</summary>'
         f'<div class="calls">{children}</div></details>'
@@ -179,6 +188,7 @@ def trace_html(trace: Trace) -> str:
     surprises = trace.surprises()
     summary = surprises_html(surprises, wrapped=False) if len(surprises) else ""
     calls = "".join(_call_html(c) for c in trace.calls) or '<div class="dim">(no calls)</div>'
+    calls += "".join(_note_html(note) for note in trace.notes)
     headline = "".join(f'<div class="headline">{escape(line)}</div>' for line in _headline(trace))
     return styled(f'{headline}{summary}<div class="calls-pane">{calls}</div>')
 

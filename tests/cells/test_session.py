@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 import textwrap
@@ -85,6 +86,23 @@ def _(x):
     return x * {value}
 """,
 }
+if importlib.util.find_spec("triton") is not None:  # the triton extra
+    RERUN_CELLS["%%triton_op"] = """%%triton_op {ns}::t
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * {value}, mask=mask)
+
+def t(x: Tensor) -> Tensor:
+    out = torch.empty_like(x)
+    wrap_triton(scale_kernel)[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), BLOCK=64)
+    return out
+"""
 
 
 def _registrations(dump: str) -> list[str]:
@@ -296,6 +314,45 @@ def test_registrations_by_imported_modules_are_not_tracked(cells: Cells, tmp_pat
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("t_imported_ops").lib._destroy()
+
+
+def test_a_module_imported_while_a_front_end_registers_keeps_its_registrations(
+    cells: Cells, tmp_path
+) -> None:
+    """torch imports some modules lazily (torch._inductor on the first triton_op), and those
+    register operators of their own: they are not the cell's, even inside the front end's
+    registration_site."""
+    module = tmp_path / "t_lazy_ops.py"
+    module.write_text(
+        "import torch\n"
+        "lib = torch.library.Library('t_lazy', 'FRAGMENT')\n"
+        "lib.define('op(Tensor x) -> Tensor')\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        cells.run(
+            "from opmagic import registration_site\n"
+            "with registration_site('<front end>', 1):\n"
+            "    import t_lazy_ops\n"
+            "    torch.library.define('t_lazy_cell::op', '(Tensor x) -> Tensor')\n"
+        )
+        cells.shell.run_line_magic("unload_ext", "opmagic")
+        names = torch._C._dispatch_get_all_op_names()
+        assert "t_lazy::op" in names and "t_lazy_cell::op" not in names
+        cells.shell.run_line_magic("load_ext", "opmagic")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("t_lazy_ops").lib._destroy()
+
+
+def test_a_schema_written_over_several_lines_is_redefined_on_rerun(cells: Cells) -> None:
+    cell = (
+        'lib = torch.library.Library("t_lines", "FRAGMENT")\n'
+        'lib.define("""\n    f(\n        Tensor x,\n        int n\n    ) -> Tensor\n    """)\n'
+    )
+    cells.run(cell, "multi-line")
+    cells.run(cell, "multi-line")
+    assert str(torch.ops.t_lines.f.default._schema) == "t_lines::f(Tensor x, int n) -> Tensor"
 
 
 def test_tables_name_the_cell_line_of_each_registration(cells: Cells) -> None:

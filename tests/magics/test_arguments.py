@@ -31,11 +31,13 @@ from opmagic.magics.dispatch import DispatchMagics
 from opmagic.magics.kernels import KernelsMagics
 from opmagic.magics.session import SessionMagics
 from opmagic.magics.torch_library import TorchLibraryMagics
+from opmagic.magics.triton_op import TritonOpMagics
 
 MAGICS = {
     "torch_library": TorchLibraryMagics.torch_library,
     "cuda_kernel": CudaKernelMagics.cuda_kernel,
     "custom_op": CustomOpMagics.custom_op,
+    "triton_op": TritonOpMagics.triton_op,
     "compare": CompareMagics.compare,
     "dispatch": DispatchMagics.dispatch,
     "kernels": KernelsMagics.kernels,
@@ -143,6 +145,7 @@ def test_option_lines_drop_a_trailing_comment(line, expected):
         ),
         ("custom_op", "ns::f --schema '(Tensor x) -> Tensor'", {"schema": "(Tensor x) -> Tensor"}),
         ("custom_op", 'ns::f --check "torch.randn(3),"', {"check": "torch.randn(3),"}),
+        ("triton_op", "ns::f --mutates-args 'x, y' --interpret", {"interpret": True}),
         (
             "compare",
             "'lambda a: a' torch.sin --inputs mk --rtol -1",
@@ -177,7 +180,8 @@ def test_a_line_that_cannot_be_split_is_a_usage_error_naming_the_cause(line, cau
 _VOCABULARY = (
     "-n --name -O -I --include --cflags --ldflags --flags -f -v --no-pch --compare --schema "
     "--check --tags --arch --op --launch --inputs --sizes --rtol --min-run-time --autocast "
-    "--no-grad --all -k --missing session ns::f x -DA=1 = ' \" \\ # -- - 3 -1 nan ${x} \0"
+    "--no-grad --all -k --missing --interpret --mutates-args session ns::f x -DA=1 = ' \" \\ # "
+    "-- - 3 -1 nan ${x} \0"
 )
 _WORDS = st.sampled_from(_VOCABULARY.split())
 _LINES = st.one_of(

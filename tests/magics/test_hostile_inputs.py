@@ -85,7 +85,7 @@ _FLAG_WORDS = (
     "--compare --flags --arch --op --launch --schema --whole --mutates-args --device-types "
     "--tags --check --inputs --sizes --dtypes --devices --rtol --atol --backward --min-run-time "
     "--no-grad --inference-mode --autocast --vmap --fake --logging-mode --all -k --key -m "
-    "--missing --long"
+    "--missing --long --interpret"
 )
 _FLAGS = _FLAG_WORDS.split()
 _VALUE_WORDS = (
@@ -132,6 +132,31 @@ def test_generated_cuda_kernel_lines(shell, no_builds, line):
 @given(line=_LINE)
 def test_generated_custom_op_lines(shell, line):
     _run(shell, f"%%custom_op hz::lines {line}\ndef lines(x: Tensor) -> Tensor:\n    return x\n")
+    _earlier_ops_work()
+
+
+_TRITON_CELL = """import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+@triton.jit
+def twice_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * 2, mask=offsets < n)
+
+def twice(x: Tensor) -> Tensor:
+    out = torch.empty_like(x)
+    wrap_triton(twice_kernel)[(1,)](x, out, x.numel(), BLOCK=16)
+    return out
+"""
+
+
+@pytest.mark.slow
+@_SETTINGS
+@given(line=_LINE)
+def test_generated_triton_op_lines(shell, line):
+    pytest.importorskip("triton")
+    _run(shell, f"%%triton_op hz::twice {line}\n{_TRITON_CELL}")
     _earlier_ops_work()
 
 

@@ -6,6 +6,7 @@ built into a tree when the code returns.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import torch
 
 from ..._torch import custom_op_state, dispatcher, op_observer
 from ...errors import ArgumentTypeError, OpmagicError
+from .. import notes
 from ..resolve import Step, resolve
 from .arguments import OpInfo, Summarised, call_arguments, op_info, summaries
 from .result import NO_RESULT, Trace, TracedCall, walk_all
@@ -75,7 +77,7 @@ class _TraceBlock:
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         assert self._recording is not None
         done = self._recording.finish(exc)
-        for name in ("calls", "time_ns", "overhead_ns", "exception", "_surprises"):
+        for name in ("calls", "time_ns", "overhead_ns", "exception", "notes", "_surprises"):
             setattr(self.trace, name, getattr(done, name))
 
 
@@ -122,6 +124,7 @@ class _Open:
     overhead_at_start: int  # the observer's time spent so far when the call began
     depth: int
     children: list[TracedCall] = field(default_factory=list)
+    notes: list[Any] = field(default_factory=list)
     recalls: int = 0
     unwound: bool = False
 
@@ -137,6 +140,7 @@ class _Open:
             time_ns=max(0, time_ns),
             depth=self.depth,
             recalls=self.recalls,
+            notes=tuple(self.notes),
             _log=(self.info, self.logged),
         )
 
@@ -154,6 +158,8 @@ class _Recording:
     def __init__(self) -> None:
         self.checked: set[tuple[str, str]] = set()  # operators checked during this trace
         self.started_ns = 0
+        self._noting = contextlib.ExitStack()
+        self.noted: list[tuple[int, Any]] = []
 
     def start(self) -> None:
         """Start the observer on this thread (refused inside another trace)."""
@@ -163,6 +169,7 @@ class _Recording:
                 "another. Trace the outer code once; its trace holds the inner calls too."
             )
         op_observer.start(self.describe, self.check, __name__)
+        self.noted = self._noting.enter_context(notes.collecting(op_observer.position))
         self.started_ns = time.perf_counter_ns()
 
     def finish(self, exception: BaseException | None, value: Any = NO_RESULT) -> Trace:
@@ -170,6 +177,7 @@ class _Recording:
         the surprises worked out."""
         ended = time.perf_counter_ns()
         ops, events, failure = op_observer.stop()
+        self._noting.close()
         if failure is not None:
             raise OpmagicError(
                 f"opmagic's tracer failed while recording ({type(failure).__name__}: "
@@ -177,7 +185,8 @@ class _Recording:
                 "report this with the code you traced."
             ) from failure
         with dispatcher.torch_function_disabled():
-            calls = _mark_failures(self._tree(ops, events), exception)
+            calls, unowned = self._tree(ops, events)
+            calls = _mark_failures(calls, exception)
             surprises = find_surprises(calls)  # now: a trace reads nothing live when shown
         observed = events[-1][3] if events else 0  # the observer's own time during the run
         return Trace(
@@ -185,6 +194,7 @@ class _Recording:
             time_ns=max(0, ended - self.started_ns - observed),
             overhead_ns=observed + time.perf_counter_ns() - ended,
             exception=exception,
+            notes=unowned,
             _value=value,
             _surprises=surprises,
         )
@@ -230,17 +240,32 @@ class _Recording:
         _paths[op_key] = _PathCache(fingerprint)
         return False
 
-    def _tree(self, ops: list[tuple[str, str]], events: list[tuple[Any, ...]]) -> tuple:
-        """The calls of the log as a tree; a kernel's call of its own op continues its path."""
+    def _tree(
+        self, ops: list[tuple[str, str]], events: list[tuple[Any, ...]]
+    ) -> tuple[tuple[TracedCall, ...], tuple[Any, ...]]:
+        """The calls of the log as a tree; a kernel's call of its own op continues its path.
+        Also the notes made while no call ran; the others go to the call that was running."""
         infos = [op_info(name, overload) for name, overload in ops]
         stack: list[_Open | _Recall] = []
         calls: list[TracedCall] = []
+        unowned: list[Any] = []
+        noted = iter(self.noted)
+        pending = next(noted, None)
 
         def owner() -> _Open | None:
             top = stack[-1] if stack else None
             return top.target if isinstance(top, _Recall) else top
 
-        for op, detail, at_ns, overhead_ns, arguments in events:
+        def attach_notes(position: int | None) -> None:
+            """Give the notes made before event ``position`` (all: None) to their call."""
+            nonlocal pending
+            while pending is not None and (position is None or pending[0] <= position):
+                running = owner()
+                (running.notes if running is not None else unowned).append(pending[1])
+                pending = next(noted, None)
+
+        for index, (op, detail, at_ns, overhead_ns, arguments) in enumerate(events):
+            attach_notes(index)
             if op >= 0:
                 info, segment, parent = infos[op], _segments[detail], owner()
                 if parent is not None and parent.recalls_pending and parent.info is info:
@@ -274,13 +299,14 @@ class _Recording:
             call = frame.close(at_ns - frame.start_ns - (overhead_ns - frame.overhead_at_start))
             parent = owner()
             (parent.children if parent is not None else calls).append(call)
+        attach_notes(None)
         while stack:  # calls the code never returned from (it was interrupted inside them)
             frame = stack.pop()
             if isinstance(frame, _Open):
                 frame.unwound = True
                 parent = owner()
                 (parent.children if parent is not None else calls).append(frame.close(0))
-        return tuple(calls)
+        return tuple(calls), tuple(unowned)
 
 
 def _fingerprint(label: str) -> tuple[str, str]:

@@ -37,6 +37,9 @@ class TracedCall(Displayable):
     time_ns: int  # wall time of the call, children included, tracer overhead taken out
     depth: int  # 0 for calls the traced code made itself
     recalls: int = 0  # times a kernel called the op again (those keys continue the path)
+    # what code outside the dispatcher noted while this call's kernels ran (dispatch.notes),
+    # e.g. the Triton kernels a triton_op's launcher launched, in order
+    notes: tuple[Any, ...] = ()
     _log: Any = field(default=None, repr=False, compare=False)  # (op info, logged arguments)
 
     @functools.cached_property
@@ -137,6 +140,7 @@ class Trace(Displayable):
     time_ns: int = 0  # wall time of the traced code, tracer overhead taken out
     overhead_ns: int = 0  # time the tracer spent recording
     exception: BaseException | None = field(default=None, repr=False)  # what the code raised
+    notes: tuple[Any, ...] = ()  # noted while no operator call ran (dispatch.notes)
     _value: Any = field(default=NO_RESULT, repr=False, compare=False)
     _surprises: Surprises = field(default=NO_SURPRISES, repr=False, compare=False)
 
