@@ -388,6 +388,8 @@ class _Recording:
     def __init__(self) -> None:
         self.checked: set[tuple[str, str]] = set()  # operators checked during this trace
         self.started_ns = 0
+        # torch 2.14's custom_op calls skip the observer's hook: off while tracing
+        self.shortcuts_back_on: Callable[[], None] = lambda: None
 
     def start(self) -> None:
         if op_observer.running():
@@ -396,11 +398,13 @@ class _Recording:
                 "another. Trace the outer code once; its trace holds the inner calls too."
             )
         op_observer.start(self.describe, self.check, __name__)
+        self.shortcuts_back_on = custom_op_state.dispatch_shortcuts_off()
         self.started_ns = time.perf_counter_ns()
 
     def finish(self, exception: BaseException | None, value: Any = _NO_RESULT) -> Trace:
         ended = time.perf_counter_ns()
         ops, events, failure = op_observer.stop()
+        self.shortcuts_back_on()
         if failure is not None:
             raise OpmagicError(
                 f"opmagic's tracer failed while recording ({type(failure).__name__}: "
