@@ -2,7 +2,7 @@
 # Run opmagic's tests on another torch release, in a virtual environment of its own.
 #
 #   scripts/compat.sh 2.14.1                    # the fast set, then tests/native and tests/notebooks
-#   scripts/compat.sh 2.12.1 tests/dispatch -x  # your own pytest arguments instead
+#   scripts/compat.sh 2.14.1 tests/dispatch -x  # your own pytest arguments instead
 #
 # The environment is $OPMAGIC_COMPAT_ROOT/torch-VERSION (default ~/.cache/opmagic-compat),
 # made with the Python that runs this script ($PYTHON, default python3) and kept between runs.
@@ -11,10 +11,11 @@
 # torch by itself; then this checkout, editable, with its test and cuda extras. A later run
 # reinstalls nothing that is already there.
 #
-# Without pytest arguments it runs what CI runs less the browser, in two pytest runs: the fast
-# set (-m "not slow") over the whole suite, then every test of tests/native and tests/notebooks
-# (C++ builds and notebooks, slow ones included). Each run's closing line says its counts; the
-# script exits non-zero when either failed. CI itself stays on the torch of .ci/run.
+# Without pytest arguments it runs two pytest runs: the fast set (-m "not slow") of the whole
+# suite, then every test of tests/native and tests/notebooks (C++ builds and notebooks in
+# fresh kernels, slow ones included). Each run's closing line says its counts; the script exits
+# non-zero when either failed. The README's "torch versions" says which releases pass; CI
+# itself stays on the torch of .ci/run.
 set -euo pipefail
 
 if [ $# -lt 1 ] || [[ "$1" == -* ]]; then
@@ -34,8 +35,10 @@ installed="$("$python" -c 'import torch; print(torch.__version__.split("+")[0])'
 if [ "$installed" != "$version" ]; then
     "$python" -m pip install --disable-pip-version-check "torch==$version"
 fi
-if ! "$python" -m pip show --disable-pip-version-check pytest >/dev/null 2>&1 ||
-    [ "$("$python" -c 'import opmagic, os; print(os.path.dirname(os.path.dirname(opmagic.__file__)))' 2>/dev/null)" != "$repository" ]; then
+# the checkout the environment's editable opmagic points at, once the test extras are there too
+checkout="$("$python" -c 'import os, nbclient, pytest, opmagic
+print(os.path.dirname(os.path.dirname(opmagic.__file__)))' 2>/dev/null || true)"
+if [ "$checkout" != "$repository" ]; then
     "$python" -m pip install --disable-pip-version-check -e "$repository[test,cuda]"
 fi
 
