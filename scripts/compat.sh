@@ -19,7 +19,7 @@
 set -euo pipefail
 
 if [ $# -lt 1 ] || [[ "$1" == -* ]]; then
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
     exit 2
 fi
 version="$1"
