@@ -39,7 +39,8 @@ fi
 checkout="$("$python" -c 'import os, nbclient, pytest, opmagic
 print(os.path.dirname(os.path.dirname(opmagic.__file__)))' 2>/dev/null || true)"
 if [ "$checkout" != "$repository" ]; then
-    "$python" -m pip install --disable-pip-version-check -e "$repository[test,cuda]"
+    # torch pinned again: pip refuses a release outside opmagic's range instead of replacing it
+    "$python" -m pip install --disable-pip-version-check -e "$repository[test,cuda]" "torch==$version"
 fi
 
 # the environment's own python, jupyter and kernels first; this checkout before anything else
