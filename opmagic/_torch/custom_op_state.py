@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +111,51 @@ def set_custom_op_entry(qualname: str, opdef: Any | None, library: Any | None) -
             table[qualname] = value
     launcher = triton.triton_op_launcher(opdef._init_fn) if opdef is not None else None
     triton.sync_op_kernels(qualname, launcher)
+
+
+# ---------------------------------------------------------------- custom_op's dispatch shortcut
+#
+# From torch 2.14, custom_op turns on a Python-side dispatch of its OpOverload ("PyObject
+# dispatch", ``OpOverload._enable_pyobj_dispatch``): ``_op`` becomes a function that computes
+# the dispatch key itself and calls a Python kernel directly, so no RecordFunction hook sees
+# the call; the C++ dispatcher's handle is kept beside it in ``_cpp_dispatch_handle``.
+
+
+def has_dispatch_shortcut(op_overload: Any) -> bool:
+    """Whether calls of an OpOverload take torch's Python-side dispatch shortcut."""
+    return getattr(op_overload, "_pyobj_dispatcher", None) is not None
+
+
+def rebind_dispatch_shortcut(op_overload: Any, shortcut: bool) -> None:
+    """Make the C++ handle kept beside ``op_overload._op`` (just pointed at a re-created
+    dispatcher entry) and, when ``shortcut``, the Python-side dispatch shortcut for that
+    entry too: the old ones point at the entry that went away."""
+    if "_cpp_dispatch_handle" in vars(op_overload):
+        op_overload._cpp_dispatch_handle = op_overload._op
+    if shortcut:
+        op_overload._pyobj_dispatcher = None
+        op_overload._enable_pyobj_dispatch(True)
+
+
+def dispatch_shortcuts_off() -> Callable[[], None]:
+    """Send the calls of every custom_op operator through the C++ dispatcher (and so past
+    its RecordFunction hook, which trace observes) until the returned function turns the
+    shortcuts it turned off back on."""
+    from torch._library import custom_ops
+
+    overloads = [
+        opdef._opoverload
+        for opdef in custom_ops.OPDEFS.values()
+        if has_dispatch_shortcut(opdef._opoverload)
+    ]
+    for op_overload in overloads:
+        op_overload._enable_pyobj_dispatch(False)
+
+    def restore() -> None:
+        for op_overload in overloads:
+            op_overload._enable_pyobj_dispatch(True)
+
+    return restore
 
 
 # ---------------------------------------------------------------- custom_op Python state

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
+from . import custom_op_state
 from .dispatcher import refresh_operators
 
 _C = torch._C
@@ -648,10 +649,12 @@ def restore_cached_overloads(qualname: str, packet: Any) -> None:
             found = _C._get_operation_overload(name, overload_name)
             if found is None:
                 continue
+            shortcut = custom_op_state.has_dispatch_shortcut(overload)
             overload._op, overload._op_dk, overload._tags = found
             overload._op.__module__ = packet.__module__
             overload._schema = _C._get_schema(name, overload_name)
             vars(overload).pop("_handle", None)
+            custom_op_state.rebind_dispatch_shortcut(overload, shortcut)
     torch._ops._refresh_packet(packet)
     namespace, name = qualname.split("::", 1)
     name = name.split(".", 1)[0]

@@ -60,3 +60,19 @@ def test_custom_op_introspection():
         assert custom_op_state.custom_op_def("opmagic_test_shim::nothing") is None
     finally:
         f._lib._destroy()
+
+
+def test_dispatch_shortcuts_off_until_turned_back_on():
+    @torch.library.custom_op("opmagic_test_shim::shortcut", mutates_args=())
+    def shortcut(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    op = shortcut._opoverload
+    had = custom_op_state.has_dispatch_shortcut(op)  # torch 2.14+: custom_op turns it on
+    assert had == hasattr(op, "_enable_pyobj_dispatch")
+    back_on = custom_op_state.dispatch_shortcuts_off()
+    assert not custom_op_state.has_dispatch_shortcut(op)
+    assert shortcut(torch.ones(1)).tolist() == [1.0]
+    back_on()
+    assert custom_op_state.has_dispatch_shortcut(op) == had
+    assert shortcut(torch.ones(1)).tolist() == [1.0]

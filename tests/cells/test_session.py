@@ -202,6 +202,30 @@ def test_a_failing_rerun_that_changed_the_schema_restores_a_working_op(cells: Ce
     assert torch.ops.t_schema.f(torch.ones(1), 3).item() == 2
 
 
+def test_a_failing_rerun_restores_every_way_into_the_op(cells: Cells) -> None:
+    """Every handle a restored OpOverload holds reaches the re-created entry: redispatch, a
+    call under ``DisableTorchFunctionSubclass``, and from torch 2.14 custom_op's Python-side
+    dispatch shortcut and the C++ handle kept beside it (stale ones point at the entry that
+    went away)."""
+    cells.run(AUTOGRAD_OP.format(extra=""), "c")
+    overload = torch.ops.t_schema.f.default
+    before = {
+        name: vars(overload).get(name) for name in ("_cpp_dispatch_handle", "_pyobj_dispatcher")
+    }
+    cells.fail(AUTOGRAD_OP.format(extra=", n: int") + "raise ValueError", "c")
+    x = torch.ones(2)
+    cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    assert overload.redispatch(cpu, x).tolist() == [2, 2]
+    with torch._C.DisableTorchFunctionSubclass():
+        assert overload(x).tolist() == [2, 2]
+    assert overload(x).tolist() == [2, 2]
+    for name, stale in before.items():
+        if stale is not None:  # the field exists and was set: a new one, for the new entry
+            assert vars(overload)[name] is not None and vars(overload)[name] is not stale, name
+    if before["_pyobj_dispatcher"] is not None:  # calls take the shortcut again
+        assert overload._op is not overload._cpp_dispatch_handle
+
+
 def test_an_op_defined_twice_in_one_cell_keeps_the_second(cells: Cells, dump) -> None:
     twice = CUSTOM_OP.format(ns="t_twice", value=1) + CUSTOM_OP.format(ns="t_twice", value=2)
     for _ in range(3):

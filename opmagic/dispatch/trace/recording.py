@@ -158,6 +158,8 @@ class _Recording:
     def __init__(self) -> None:
         self.checked: set[tuple[str, str]] = set()  # operators checked during this trace
         self.started_ns = 0
+        # torch 2.14's custom_op calls skip the observer's hook: off while tracing
+        self.shortcuts_back_on: Callable[[], None] = lambda: None
         self._noting = contextlib.ExitStack()
         self.noted: list[tuple[int, Any]] = []
 
@@ -169,6 +171,7 @@ class _Recording:
                 "another. Trace the outer code once; its trace holds the inner calls too."
             )
         op_observer.start(self.describe, self.check, __name__)
+        self.shortcuts_back_on = custom_op_state.dispatch_shortcuts_off()
         self.noted = self._noting.enter_context(notes.collecting(op_observer.position))
         self.started_ns = time.perf_counter_ns()
 
@@ -177,6 +180,7 @@ class _Recording:
         the surprises worked out."""
         ended = time.perf_counter_ns()
         ops, events, failure = op_observer.stop()
+        self.shortcuts_back_on()
         self._noting.close()
         if failure is not None:
             raise OpmagicError(

@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opmagic
 from opmagic import Trace, trace
+from opmagic._torch import custom_op_state
 from opmagic.errors import ArgumentTypeError, OpmagicError
 
 from ..probes import make_probe_op
@@ -150,6 +151,25 @@ def test_fake_tensor_mode_handler_calls_are_children() -> None:
     finally:
         composite.close()
         leaf.close()
+
+
+def test_custom_op_calls_are_traced_and_keep_their_dispatch_shortcut_after() -> None:
+    """torch 2.14's custom_op calls skip the RecordFunction hook through a Python-side shortcut:
+    off while tracing (the call and its children are seen), on again after, error or not."""
+
+    @torch.library.custom_op("opmagic_trace_test::thrice", mutates_args=())
+    def thrice(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    shortcut = custom_op_state.has_dispatch_shortcut(thrice._opoverload)
+    result = trace(thrice, torch.randn(3))
+    assert [c.op for c in result.calls] == ["opmagic_trace_test::thrice"]
+    assert [c.op for c in result.calls[0].children] == ["aten::mul.Tensor"]
+    assert custom_op_state.has_dispatch_shortcut(thrice._opoverload) == shortcut
+    with pytest.raises(ValueError), opmagic.trace():
+        thrice(torch.ones(1))
+        raise ValueError
+    assert custom_op_state.has_dispatch_shortcut(thrice._opoverload) == shortcut
 
 
 def test_calls_on_other_threads_are_not_traced() -> None:
