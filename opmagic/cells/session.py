@@ -546,6 +546,9 @@ class Session:
         assert isinstance(previous_def, library_hooks.DispatcherRegistration)
         if previous_def.definition == definition:
             registration.adopt(previous_def)
+            # torch would make the operator's objects anew, failing the guards of code
+            # compiled with its previous kernels; adopted, they stay: that code must go
+            dispatcher.forget_compiled_code()
             adopted = (registration, previous_def, owner)
             self._adopted.append(adopted)
             return self._evict_for([pair for pair in others if pair is not previous], adopted)
@@ -698,6 +701,8 @@ class Session:
                 defined.add(registration.op)
             registration.discard()
         dispatcher.refresh_operators(defined)  # objects made for the failed run's definitions
+        if adopted:  # code compiled during the run used its kernels on the kept objects
+            dispatcher.forget_compiled_code()
         for change in reversed(changes):
             change.revert()
         self._release_resources(run)

@@ -189,6 +189,33 @@ def test_an_identical_redefinition_keeps_the_same_overload_objects(cells: Cells)
     assert cells.ns["f"]._opoverload is overload
 
 
+FAKE_OP = """
+@torch.library.custom_op("t_compiled::f", mutates_args=())
+def f(x: Tensor) -> Tensor:
+    return x.repeat({copies})
+
+@f.register_fake
+def _(x):
+    traced.append({copies})
+    return x.new_empty(x.shape[0] * {copies})
+"""
+
+
+@pytest.mark.slow
+def test_an_identical_redefinition_retraces_code_compiled_with_the_previous_one(
+    cells: Cells,
+) -> None:
+    """torch.compile guards a compiled call on the OpOverloads it saw, which a re-run keeps:
+    code traced with the previous fake impl traces again, as after a new definition."""
+    cells.run("traced = []")
+    cells.run(FAKE_OP.format(copies=1), "op")
+    cells.run("compiled = torch.compile(lambda x: f(x) * 2, backend='eager')")
+    assert cells.eval("compiled(torch.ones(2))").tolist() == [2.0, 2.0]
+    cells.run(FAKE_OP.format(copies=2), "op")
+    assert cells.eval("compiled(torch.ones(2))").tolist() == [2.0] * 4
+    assert cells.eval("traced") == [1, 2]  # the new fake impl saw the call
+
+
 def test_a_failing_rerun_that_changed_the_schema_restores_a_working_op(cells: Cells) -> None:
     cells.run(AUTOGRAD_OP.format(extra=""), "c")
     opdef, overload = cells.ns["f"], torch.ops.t_schema.f.default
