@@ -253,6 +253,26 @@ def test_a_failing_rerun_restores_every_way_into_the_op(cells: Cells) -> None:
         assert overload._op is not overload._cpp_dispatch_handle
 
 
+def test_registrations_dropped_for_a_cell_go_when_it_succeeds_and_return_when_it_fails(
+    cells: Cells,
+) -> None:
+    """What a C++ re-run that changes kernel signatures asks for: other cells' kernels on
+    the operators go with the run, as a redefinition's do."""
+    cells.run("import opmagic")
+    cells.run('torch.library.define("t_drop::f", "(Tensor x) -> Tensor")', "def")
+    cells.run('torch.library.impl("t_drop::f", "cpu", lambda x: x + 1)', "impl")
+    drop = 'assert opmagic.active_session().drop_registrations_on(["t_drop::f", "t_drop::g"])\n'
+    cells.fail(drop + "raise ValueError('the edit failed')", "cxx")
+    assert torch.ops.t_drop.f(torch.zeros(1)).item() == 1  # back
+    run = cells.run(drop + "notes = opmagic.active_session().displaced()", "cxx")
+    assert run.success and not torch._C._dispatch_has_kernel_for_dispatch_key("t_drop::f", "CPU")
+    (note,) = cells.ns["notes"]
+    assert note.startswith("dropped cell ") and note.endswith(
+        "'s CPU kernel for t_drop::f (re-run that cell to add it again)"
+    )
+    assert not cells.eval('opmagic.active_session().drop_registrations_on(["t_drop::f"])')
+
+
 def test_an_op_defined_twice_in_one_cell_keeps_the_second(cells: Cells, dump) -> None:
     twice = CUSTOM_OP.format(ns="t_twice", value=1) + CUSTOM_OP.format(ns="t_twice", value=2)
     for _ in range(3):
