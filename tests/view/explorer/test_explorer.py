@@ -9,7 +9,7 @@ import torch
 
 import opmagic
 from opmagic.view.explorer.model import ExplorerModel, find_ops, namespaces
-from opmagic.view.explorer.samples import BATCH
+from opmagic.verify.samples import BATCH
 from opmagic.view.explorer.widgets import Explorer
 
 from ..svgfacts import svg_facts
