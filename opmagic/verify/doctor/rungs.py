@@ -320,10 +320,7 @@ def autograd(ladder: Ladder) -> None:
     target = ladder.target
     graded = [s for s in ladder.samples if any(t.requires_grad for t in s.tensors())]
     if not graded:
-        raise RungSkipped(
-            "no sample has a tensor that requires grad (pass requires_grad=True inputs to check "
-            "autograd)"
-        )
+        raise RungSkipped("no sample has a tensor that requires grad")
     ran = 0
     for sample in graded:
         fresh = sample.fresh()
