@@ -212,9 +212,7 @@ def _doctor(options: argparse.Namespace) -> tuple[str, int]:
 
     module_name, colon, attribute = options.target.partition(":")
     if not colon or not module_name or not attribute:
-        raise UsageError(
-            f"expected MODULE:ATTR, e.g. myops:my_add, got {options.target!r}"
-        )
+        raise UsageError(f"expected MODULE:ATTR, e.g. myops:my_add, got {options.target!r}")
     module = _imported(module_name)
     scope = {"torch": torch, **vars(module)}
     op = evaluate(attribute, scope, f"the operator {attribute!r} of {module_name}")

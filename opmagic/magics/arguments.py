@@ -124,10 +124,7 @@ def _attach_values(parser: argparse.ArgumentParser, words: list[str]) -> list[st
     not itself one of the parser's options.
     """
     takes_one = {
-        flag
-        for action in parser._actions
-        if action.nargs is None
-        for flag in action.option_strings
+        flag for action in parser._actions if action.nargs is None for flag in action.option_strings
     }
     known = set(parser._option_string_actions)
     attached: list[str] = []

@@ -110,7 +110,7 @@ def _finding_html(number: int, finding: Finding) -> str:
         f'<div style="margin:6px 0;padding:4px 8px;border-left:3px solid '
         f'{STATUS_COLOURS["FAIL"]}">'
         f'<b>{number}. <span style="color:{STATUS_COLOURS["FAIL"]}">{escape(finding.cause)}'
-        f"</span></b> <span class=\"dim\">(rung {escape(finding.rung)})</span> "
+        f'</span></b> <span class="dim">(rung {escape(finding.rung)})</span> '
         f"{escape(finding.message)}"
         f'<div class="dim">evidence: <code>{escape(finding.evidence)}</code></div>'
         f'<div class="dim">site: {escape(finding.site)}</div>{fix}</div>'

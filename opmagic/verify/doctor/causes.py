@@ -24,7 +24,9 @@ class Cause:
 CAUSES: dict[str, Cause] = {
     cause.code: cause
     for cause in (
-        Cause("composite-shadows", "a CompositeImplicitAutograd kernel hides the op's other kernels"),
+        Cause(
+            "composite-shadows", "a CompositeImplicitAutograd kernel hides the op's other kernels"
+        ),
         Cause("mutation-undeclared", "the kernel mutates an argument the schema says it does not"),
         Cause("mutation-overdeclared", "the schema says the kernel mutates an argument it leaves"),
         Cause("output-aliases-input", "an output is (a view of) an input"),
@@ -45,8 +47,12 @@ CAUSES: dict[str, Cause] = {
         Cause("vmap-wrong", "the vmap rule's result differs from the op run sample by sample"),
         Cause("stream-unsafe", "the kernel ignores the current CUDA stream"),
         Cause("graph-unsafe", "the op cannot be captured in a CUDA graph"),
-        Cause("compile-failure", "torch.compile fails or differs, for a reason no other code names"),
-        Cause("export-failure", "torch.export or AOTInductor fails or differs, otherwise unexplained"),
+        Cause(
+            "compile-failure", "torch.compile fails or differs, for a reason no other code names"
+        ),
+        Cause(
+            "export-failure", "torch.export or AOTInductor fails or differs, otherwise unexplained"
+        ),
     )
 }
 
@@ -67,7 +73,9 @@ def classify(error: BaseException) -> str | None:
         return "data-dependent-shape"
     if re.search(r"is not defined as mutable but was mutated", text):
         return "mutation-undeclared"
-    if re.search(r"may not alias any inputs|must not also be an input|is not defined to alias", text):
+    if re.search(
+        r"may not alias any inputs|must not also be an input|is not defined to alias", text
+    ):
         return "output-aliases-input"
     if re.search(r"incorrect number of gradients|a gradient different than None at position", text):
         return "backward-arity"

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..._torch import compilers
-from .ladder import Ladder, Run, RungFailed, RungSkipped, first_lines, tensors_of
+from .ladder import Ladder, Run, RungSkipped, first_lines, tensors_of
 from .samples import Sample
 
 
@@ -166,4 +166,3 @@ def aot_inductor(ladder: Ladder) -> None:
         except Exception as error:
             ladder.explain(error, what, "export-failure")
         _expect_eager(ladder, run, runner, what, "export-failure")
-

@@ -43,7 +43,7 @@ def companion(target: Target, kind: str) -> str:
         return f"@{kind}"
     if kind == "fake":
         return f'@torch.library.register_fake("{target.qualname}")'
-    return f"# torch.library.register_autograd(\"{target.qualname}\", backward, setup_context=...)"
+    return f'# torch.library.register_autograd("{target.qualname}", backward, setup_context=...)'
 
 
 def parameters(target: Target) -> str:
@@ -100,7 +100,8 @@ def _output_expression(
         return f"torch.empty({sizes}, dtype={first.dtype})"
     name, inputs = template
     if all(
-        o.shape == i.shape and o.stride() == i.stride() for o, i in zip(outputs, inputs, strict=True)
+        o.shape == i.shape and o.stride() == i.stride()
+        for o, i in zip(outputs, inputs, strict=True)
     ):
         return f"torch.empty_like({name})"
     sizes = _sizes(target, samples, outputs, body)
@@ -169,7 +170,9 @@ def _size_expression(
                 i.dim() > input_dim and i.shape[input_dim] == s
                 for i, s in zip(inputs, sizes, strict=True)
             ):
-                candidates.append((input_dim != dim, position, f"{argument.name}.shape[{input_dim}]"))
+                candidates.append(
+                    (input_dim != dim, position, f"{argument.name}.shape[{input_dim}]")
+                )
     if candidates:
         return min(candidates)[2]
     if len(set(sizes)) == 1 and len(samples) > 1:
@@ -279,9 +282,7 @@ def backward_return(target: Target) -> str:
 
 def autograd_skeleton(target: Target) -> str:
     """A setup_context and backward pair to fill in, returning a gradient per input."""
-    tensors = [
-        a.name for a in target.schema.arguments if str(a.type).startswith("Tensor")
-    ]
+    tensors = [a.name for a in target.schema.arguments if str(a.type).startswith("Tensor")]
     saved = ", ".join(tensors)
     magic = from_magic_cell(target)
     setup = "@setup_context" if magic else "def setup_context(ctx, inputs, output):"

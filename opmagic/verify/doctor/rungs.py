@@ -136,7 +136,9 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
         a, b = a.to_dense(), b.to_dense()
     a, b = a.detach(), b.detach()
     if a.is_floating_point() or a.is_complex():
-        return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
+        return bool(
+            torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+        )
     return torch.equal(a, b)
 
 
@@ -145,8 +147,7 @@ def _aliased_inputs(target: Any, sample: Sample, output: Any) -> list[str]:
     declared = {
         a.name
         for a in target.schema.arguments
-        if a.alias_info is not None
-        and any(r.alias_info is not None for r in target.schema.returns)
+        if a.alias_info is not None and any(r.alias_info is not None for r in target.schema.returns)
     }
     storages = {}
     for name, value in list(zip(target.argument_names, sample.args, strict=False)) + list(
@@ -411,8 +412,11 @@ def _gradcheck(ladder: Ladder, sample: Sample) -> tuple[str, str] | None:
     """gradcheck on the tensors that require grad: ``(evidence, note)`` when it fails."""
     for dtype, options, note in (
         (torch.float64, {}, ""),
-        (torch.float32, {"eps": 1e-3, "atol": 1e-2, "rtol": 1e-2}, " (in float32: the kernel "
-         "refuses float64)"),
+        (
+            torch.float32,
+            {"eps": 1e-3, "atol": 1e-2, "rtol": 1e-2},
+            " (in float32: the kernel refuses float64)",
+        ),
     ):
         cast = sample.fresh().mapped(lambda t, d=dtype: _as_leaf(t, d))
         leaves = [t for t in cast.tensors() if t.requires_grad]
@@ -423,7 +427,9 @@ def _gradcheck(ladder: Ladder, sample: Sample) -> tuple[str, str] | None:
             continue  # the kernel refuses this dtype: try the next
         try:
             torch.autograd.gradcheck(
-                lambda *xs: ladder.call(_replace_leaves(cast, xs)), tuple(leaves), **options
+                lambda *xs, cast=cast: ladder.call(_replace_leaves(cast, xs)),
+                tuple(leaves),
+                **options,
             )
         except Exception as error:
             lines = [line for line in str(error).splitlines() if line.strip()][:8]
@@ -567,6 +573,8 @@ def _expect_same(ladder: Ladder, got: Any, expected: Any, cause: str, how: str) 
                 first_lines(error, 4),
                 ladder.target.kernel_site(),
                 "launch the kernel on torch.cuda.current_stream() (C++: "
-                "at::cuda::getCurrentCUDAStream())" if cause == "stream-unsafe" else "",
+                "at::cuda::getCurrentCUDAStream())"
+                if cause == "stream-unsafe"
+                else "",
             )
             raise RungFailed(cause) from None

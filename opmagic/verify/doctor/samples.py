@@ -65,9 +65,7 @@ def collect_samples(
     """
     if samples is not None:
         if args or kwargs:
-            raise ArgumentTypeError(
-                "doctor: give the call's arguments or samples=[...], not both."
-            )
+            raise ArgumentTypeError("doctor: give the call's arguments or samples=[...], not both.")
         if isinstance(samples, (str, bytes, dict, torch.Tensor)) or not isinstance(
             samples, Iterable
         ):
