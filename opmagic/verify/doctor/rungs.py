@@ -427,13 +427,25 @@ def _gradcheck(ladder: Ladder, sample: Sample) -> tuple[str, str] | None:
             continue  # the kernel refuses this dtype: try the next
         try:
             torch.autograd.gradcheck(
-                lambda *xs, cast=cast: ladder.call(_replace_leaves(cast, xs)),
+                lambda *xs, cast=cast: tuple(
+                    t
+                    for t in tensors_of(ladder.call(_replace_leaves(cast, xs)))
+                    if is_float_tensor(t)
+                ),
                 tuple(leaves),
                 **options,
             )
-        except Exception as error:
+        except torch.autograd.gradcheck.GradcheckError as error:
             lines = [line for line in str(error).splitlines() if line.strip()][:8]
             return "\n".join(lines), note
+        except Exception as error:
+            cause = classify(error)
+            if cause is None:
+                raise RungSkipped(f"gradcheck could not run: {first_line(error)}") from None
+            ladder.report_cause(
+                cause, _autograd_message(ladder.target, cause, error), first_lines(error)
+            )
+            raise RungFailed(cause) from None
         return None
     raise RungSkipped("the kernel takes neither float64 nor float32 inputs")
 
