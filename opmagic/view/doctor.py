@@ -40,12 +40,11 @@ def diagnosis_text(diagnosis: Diagnosis, width: int | None = None) -> str:
     lines = fitted([heading(diagnosis)], width)
     lines += fitted([f"  schema: {diagnosis.schema}"], width)
     lines += fitted([f"  samples: {'; '.join(diagnosis.samples)}"], width)
+    title_width = max((len(rung.title) for rung in diagnosis.rungs), default=0)
     rows = [
         [
-            _MARKS[rung.status],
-            rung.title,
-            rung.status,
-            format_seconds(rung.seconds) if rung.status != "skip" else "",
+            f"{_MARKS[rung.status]} {rung.title.ljust(title_width)}  {rung.status:<4}  "
+            + (format_seconds(rung.seconds) if rung.status != "skip" else "").rjust(8),
             _rung_note(rung),
         ]
         for rung in diagnosis.rungs
@@ -79,7 +78,7 @@ def diagnosis_html(diagnosis: Diagnosis) -> str:
     for rung in diagnosis.rungs:
         fill = f' style="background:{FAIL_FILL}"' if rung.status == "fail" else ""
         status = (
-            f'<b style="color:{STATUS_COLOURS[rung.status]}">'
+            f'<b style="color:{_colour(rung.status)}">'
             f"{_MARKS[rung.status]} {escape(rung.status)}</b>"
         )
         time = escape(format_seconds(rung.seconds)) if rung.status != "skip" else ""
@@ -96,6 +95,11 @@ def diagnosis_html(diagnosis: Diagnosis) -> str:
         f"{''.join(rows)}</table>{findings}"
         f'<div class="dim">ladder climbed in {escape(format_seconds(diagnosis.seconds))}</div>'
     )
+
+
+def _colour(status: str) -> str:
+    """The colour of a rung's status (``fail`` as checks' ``FAIL``)."""
+    return STATUS_COLOURS["FAIL" if status == "fail" else status]
 
 
 def _finding_html(number: int, finding: Finding) -> str:
