@@ -68,4 +68,4 @@ def test_frame_has_a_row_per_rung(broken: Diagnosis) -> None:
 def test_a_healthy_diagnosis_says_so() -> None:
     found = doctor("aten::sin", torch.randn(2), until="fake", progress=False)
     assert str(found).startswith("doctor aten::sin: healthy: 3 rungs pass")
-    assert "1." not in str(found)
+    assert "\n1. " not in str(found)

@@ -13,6 +13,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.autograd.gradcheck import GradcheckError
 
 from ..._torch import compilers
 from ..values import describe_value, first_line
@@ -435,7 +436,7 @@ def _gradcheck(ladder: Ladder, sample: Sample) -> tuple[str, str] | None:
                 tuple(leaves),
                 **options,
             )
-        except torch.autograd.gradcheck.GradcheckError as error:
+        except GradcheckError as error:
             lines = [line for line in str(error).splitlines() if line.strip()][:8]
             return "\n".join(lines), note
         except Exception as error:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from ...dispatch.ops import op_parameters, op_ref
 from ...errors import ArgumentTypeError
@@ -41,16 +40,13 @@ class Sample:
     def mapped(self, fn: Callable[[torch.Tensor], Any]) -> Sample:
         """The sample with ``fn`` applied to each of its tensors (lists and tuples followed)."""
 
-        def convert(value: Any) -> Any:
-            return fn(value) if isinstance(value, torch.Tensor) else value
-
-        return Sample(tree_map(convert, self.args), tree_map(convert, self.kwargs))
+        args = tuple(_map_tensors(fn, value) for value in self.args)
+        return Sample(args, {name: _map_tensors(fn, v) for name, v in self.kwargs.items()})
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor of the sample, in argument order."""
         found: list[torch.Tensor] = []
-        tree_map(lambda v: found.append(v) if isinstance(v, torch.Tensor) else v, self.args)
-        tree_map(lambda v: found.append(v) if isinstance(v, torch.Tensor) else v, self.kwargs)
+        self.mapped(found.append)
         return found
 
 
@@ -103,6 +99,15 @@ def _sample(item: Any, index: int) -> Sample:
     if not all(isinstance(key, str) for key in kwargs):
         raise ArgumentTypeError(f"doctor: sample {index}'s kwargs must be named by strings.")
     return Sample(tuple(args), dict(kwargs))
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
+    """``value`` with ``fn`` applied to each tensor in it (lists and tuples followed)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(fn, item) for item in value)
+    return value
 
 
 def _copy(tensor: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..._torch import custom_op_state
+from ..._torch import custom_op_state, dispatcher
 from ...cells.session import active_session
 from ...dispatch import DispatchTable, dispatch_table
 from ...dispatch.ops import op_ref
@@ -33,7 +33,8 @@ class Target:
         table = dispatch_table(self.overload)
         assert isinstance(table, DispatchTable)
         self.table = table
-        self.schema = self.overload._schema
+        namespace_name, _, overload = self.name.partition(".")
+        self.schema = dispatcher.find_schema(namespace_name, overload)
 
     @classmethod
     def of(cls, op: Any, name: str, opdef: Any | None) -> Target:
