@@ -62,7 +62,7 @@ def _base_calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
             lambda op, samples, rungs, until: opmagic.doctor(
                 op, samples=samples, rungs=rungs, until=until, progress=False
             ),
-            {"op": "aten::sin", "samples": [two[:1]], "rungs": ["fake"], "until": None},
+            {"op": "aten::sin", "samples": [two[:1]], "rungs": ["fake"], "until": "fake"},
         ),
         "key_info": (opmagic.key_info, {"name": "CPU"}),
         "kernels": (opmagic.kernels, {"namespace": "hzapi", "keys": None, "missing": None}),
