@@ -426,3 +426,40 @@ def test_the_doctor_leaves_the_dispatcher_caches_configs_and_random_state_as_the
     assert torch._C._dispatch_dump(f"{ns}::twice") == table
     assert DispatcherState.now() == state
     assert torch.equal(names["twice"](torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_gpu_rungs_skip_without_a_gpu_saying_so() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: tests/verify/test_doctor_gpu.py covers it")
+    found = doctor("aten::sin", torch.randn(3), rungs=["cuda_stream", "cuda_graph"], progress=False)
+    assert [found.rung(name).detail for name in ("cuda_stream", "cuda_graph")] == [
+        "no GPU here",
+        "no GPU here",
+    ]
+
+
+COUNTER = """
+calls = [0]
+
+@torch.library.custom_op("NS::counted", mutates_args=())
+def counted(x: Tensor) -> Tensor:
+    calls[0] += 1
+    return x * calls[0]
+
+@counted.register_fake
+def _(x):
+    return torch.empty_like(x)
+"""
+
+
+@pytest.mark.slow
+def test_compiled_results_that_differ_from_eager_are_compile_failure(ns) -> None:
+    """Runs torch.compile (aot_eager). A kernel whose result depends on hidden state passes
+    every eager rung, and differs once compiled: what no other code explains."""
+    names = define(COUNTER, ns)
+    found = doctor(names["counted"], torch.ones(3), rungs=["fake", "aot_eager"], progress=False)
+    assert found.causes == {"compile-failure"}
+    (finding,) = found.findings
+    assert finding.rung == "aot_eager"
+    assert "Tensor-likes are not close" in finding.message
+    assert finding.site == line_of(names, "@torch.library.custom_op", ns)

@@ -124,15 +124,14 @@ def _difference(run: Run, output: Any, after: Sample) -> str | None:
     return None
 
 
-class _Exportable(torch.nn.Module):
+def _exportable(op: Any) -> torch.nn.Module:
     """A module whose forward is one call of the op (what torch.export takes)."""
 
-    def __init__(self, op: Any) -> None:
-        super().__init__()
-        self.op = op
+    class Exportable(torch.nn.Module):
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return op(*args, **kwargs)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.op(*args, **kwargs)
+    return Exportable()
 
 
 def export(ladder: Ladder) -> None:
@@ -141,7 +140,7 @@ def export(ladder: Ladder) -> None:
     run = ladder.runs[0]
     sample = run.sample.fresh()
     what = f"torch.export on {run.sample.described}"
-    module = _Exportable(ladder.target.overload)
+    module = _exportable(ladder.target.overload)
     try:
         with torch.no_grad():
             exported = torch.export.export(module, sample.args, sample.kwargs)
