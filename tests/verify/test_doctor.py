@@ -394,14 +394,15 @@ def test_every_cause_has_a_meaning_and_exceptions_map_onto_codes() -> None:
 def test_the_doctor_leaves_the_dispatcher_caches_configs_and_random_state_as_they_were(
     ns,
 ) -> None:
+    """Under no_grad, with inputs that require grad: the autograd rungs need grad mode (which
+    comes back off); with samples built from the schema (random tensors, drawn from a stream
+    the user's never sees)."""
     from opmagic._torch import compilers
 
-    names = define(
-        TWICE + "\n@twice.register_fake\ndef _(x):\n    return torch.empty_like(x)\n", ns
-    )
-
-    # torch registers operators lazily the first time it compiles: let that happen first
-    doctor("aten::sin", torch.randn(2), until="aot_eager", progress=False)
+    names = define(MUL.replace("BACKWARD", "grad * y, grad * x"), ns)
+    # torch registers operators lazily the first time it compiles and checks autograd with
+    # opcheck: let that happen first
+    doctor("aten::sin", torch.randn(2, requires_grad=True), until="aot_eager", progress=False)
 
     def users_code(x: Tensor) -> Tensor:
         return x.cos() + 1
@@ -410,22 +411,24 @@ def test_the_doctor_leaves_the_dispatcher_caches_configs_and_random_state_as_the
     compiled(torch.randn(3))
     entries = compilers.compiled_entries(users_code.__code__)
     configs = compilers.global_configs()
-    table = torch._C._dispatch_dump(f"{ns}::twice")
+    table = torch._C._dispatch_dump(f"{ns}::mul")
     state = DispatcherState.now()
-    x = torch.randn(3)
+    x, y = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
     torch.manual_seed(7)
     expected_draw = torch.randn(2)
     torch.manual_seed(7)
     with torch.no_grad():
-        found = doctor(names["twice"], x, until="aot_eager", progress=False)
+        found = doctor(names["mul"], x, y, until="aot_eager", progress=False)
         assert not torch.is_grad_enabled()
     assert found.ok, found
+    assert found.rung("gradients").status == "pass"
+    assert doctor(names["mul"], until="fake", progress=False).ok  # random samples
     assert torch.equal(torch.randn(2), expected_draw)
     assert compilers.compiled_entries(users_code.__code__) == entries
     assert compilers.global_configs() == configs
-    assert torch._C._dispatch_dump(f"{ns}::twice") == table
+    assert torch._C._dispatch_dump(f"{ns}::mul") == table
     assert DispatcherState.now() == state
-    assert torch.equal(names["twice"](torch.ones(2)), torch.full((2,), 2.0))
+    assert torch.equal(names["mul"](torch.ones(2), torch.ones(2)), torch.ones(2))
 
 
 def test_gpu_rungs_skip_without_a_gpu_saying_so() -> None:

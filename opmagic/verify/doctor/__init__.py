@@ -112,12 +112,12 @@ def doctor(
     first = _first_call(args, kwargs, samples)
     _, opdef, name = checked_operator(op, *first)
     target = Target.of(op, name, opdef)
-    collected, built = collect_samples(name, args, kwargs, samples)
-    ladder = Ladder(target, collected, built)
     reporter = Reporter(progress, len(selected), task="doctor", unit="rungs")
     results: list[RungResult] = []
     started = time.perf_counter()
     with _isolated():
+        collected, built = collect_samples(name, args, kwargs, samples)  # may draw numbers
+        ladder = Ladder(target, collected, built)
         try:
             for rung in RUNGS:
                 if rung.name in selected:
