@@ -100,3 +100,32 @@ TORCH_LIBRARY_IMPL(t_mdoc_lib, CPU, m) { m.impl("twice", &twice_cpu); }
     (text,) = diagnoses(captured)
     assert text.startswith("doctor t_mdoc_lib::twice: 1 finding: no-fake")
     assert "site: cell [" in text
+
+
+TRITON_LINE = '%%triton_op t_mdoc::add --interpret --doctor "torch.randn(100), torch.randn(100)"'
+TRITON = TRITON_LINE + """ --until make_fx
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + tl.load(y_ptr + offsets, mask=mask), mask=mask)
+
+def add(x: Tensor, y: Tensor) -> Tensor:
+    out = torch.empty_like(x)
+    wrap_triton(add_kernel)[(triton.cdiv(out.numel(), 64),)](x, y, out, out.numel(), BLOCK=64)
+    return out
+"""
+
+
+def test_a_triton_op_cell_is_healthy_its_launcher_tracing_as_its_fake(cells) -> None:
+    """Triton's interpreter (no GPU needed): a triton_op needs no fake impl of its own."""
+    pytest.importorskip("triton")
+    with capture_output() as captured:
+        cells.run(TRITON)
+    (text,) = diagnoses(captured)
+    assert text.startswith("doctor t_mdoc::add: healthy"), text

@@ -466,3 +466,32 @@ def test_compiled_results_that_differ_from_eager_are_compile_failure(ns) -> None
     assert finding.rung == "aot_eager"
     assert "Tensor-likes are not close" in finding.message
     assert finding.site == line_of(names, "@torch.library.custom_op", ns)
+
+
+VMAP = """
+@torch.library.custom_op("NS::double", mutates_args=())
+def double(x: Tensor) -> Tensor:
+    return x * 2
+
+@double.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+@double.register_vmap
+def _(info, in_dims, x):
+    return x * FACTOR, in_dims[0]
+"""
+
+
+def test_a_vmap_rule_is_checked_against_the_op_run_per_sample(ns) -> None:
+    healthy = define(VMAP.replace("FACTOR", "2"), ns)
+    found = doctor(healthy["double"], torch.randn(3), rungs=["vmap"], progress=False)
+    assert found.ok and found.rung("vmap").status == "pass"
+    wrong = define(VMAP.replace("FACTOR", "3"), ns)
+    found = doctor(wrong["double"], torch.randn(3), rungs=["vmap"], progress=False)
+    assert found.causes == {"vmap-wrong"}
+    assert found.findings[0].site == line_of(wrong, "@double.register_vmap", ns)
+    assert doctor("aten::sin", torch.randn(3), rungs=["vmap"], progress=False).ok  # C++ rule
+    plain = define(TWICE, ns)["twice"]
+    skipped = doctor(plain, torch.randn(3), rungs=["vmap"], progress=False).rung("vmap")
+    assert skipped.status == "skip" and skipped.detail.startswith("the op registers no vmap")

@@ -24,6 +24,9 @@ from typing import Any
 
 import torch
 
+from ..._torch import custom_op_state
+from ...dispatch.ops import op_ref, overloads_of
+from ...dispatch.torch_functions import unbind
 from ...errors import ArgumentTypeError
 from ..checks import checked_operator
 from ..compare.progress import ProgressCallback, Reporter
@@ -31,7 +34,7 @@ from . import compiled, rungs
 from .causes import CAUSES, Cause
 from .ladder import DoctorSampleError, Ladder, RungFailed, RungSkipped
 from .result import Diagnosis, Finding, RungResult
-from .samples import collect_samples
+from .samples import Sample, given_samples, schema_sample
 from .target import Target
 
 __all__ = [
@@ -109,15 +112,16 @@ def doctor(
             f"doctor: op must be an operator ('ns::name', torch.ops.ns.name, a custom op), "
             f"got {type(op).__name__} {op!r:.60}."
         )
-    first = _first_call(args, kwargs, samples)
-    _, opdef, name = checked_operator(op, *first)
+    op, args = unbind(op, args)  # x.add: x is the first argument
+    given = given_samples(args, kwargs, samples)
+    _, opdef, name = _operator(op, given)
     target = Target.of(op, name, opdef)
     reporter = Reporter(progress, len(selected), task="doctor", unit="rungs")
     results: list[RungResult] = []
     started = time.perf_counter()
     with _isolated():
-        collected, built = collect_samples(name, args, kwargs, samples)  # may draw numbers
-        ladder = Ladder(target, collected, built)
+        collected = given if given is not None else [schema_sample(name)]  # may draw numbers
+        ladder = Ladder(target, collected, given is None)
         try:
             for rung in RUNGS:
                 if rung.name in selected:
@@ -146,6 +150,11 @@ def _selected(rungs_asked: Iterable[str] | None, until: str | None) -> set[str]:
     if rungs_asked is not None:
         if isinstance(rungs_asked, str):
             rungs_asked = [rungs_asked]
+        if not isinstance(rungs_asked, Iterable) or isinstance(rungs_asked, (bytes, dict)):
+            raise ArgumentTypeError(
+                f"doctor: rungs must be rung names, got {type(rungs_asked).__name__} "
+                f"{rungs_asked!r:.60}; the rungs are {', '.join(RUNG_NAMES)}."
+            )
         asked = list(rungs_asked)
         unknown = [name for name in asked if name not in RUNG_NAMES]
         if unknown or not all(isinstance(name, str) for name in asked):
@@ -155,7 +164,7 @@ def _selected(rungs_asked: Iterable[str] | None, until: str | None) -> set[str]:
             )
         names = set(asked)
     if until is not None:
-        if until not in RUNG_NAMES:
+        if not isinstance(until, str) or until not in RUNG_NAMES:
             raise ArgumentTypeError(
                 f"doctor: until={until!r} is not a rung; the rungs are {', '.join(RUNG_NAMES)}."
             )
@@ -163,19 +172,16 @@ def _selected(rungs_asked: Iterable[str] | None, until: str | None) -> set[str]:
     return names | {ALWAYS}
 
 
-def _first_call(
-    args: tuple, kwargs: dict[str, Any], samples: Iterable[Any] | None
-) -> tuple[tuple, dict[str, Any]]:
-    """The arguments that choose a packet's overload: the call's, or the first sample's."""
-    if samples is None or args or kwargs:
-        return tuple(args), dict(kwargs)
-    if isinstance(samples, (list, tuple)) and samples:
-        item = samples[0]
-        if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[1], dict):
-            return tuple(item[0]), dict(item[1])
-        if isinstance(item, (list, tuple)):
-            return tuple(item), {}
-    return (), {}
+def _operator(op: Any, samples: list[Sample] | None) -> tuple[Any, Any, str]:
+    """:func:`~opmagic.verify.checks.checked_operator` for the first sample's call; without
+    samples, a packet stands for its default overload (as ``dispatch_table`` takes it)."""
+    if samples is not None:
+        return checked_operator(op, samples[0].args, samples[0].kwargs)
+    if not custom_op_state.is_custom_op_def(op):
+        ref = op_ref(op)
+        if ref.overload is None and "" in overloads_of(ref):
+            op = ref.with_overload("").op_overload()
+    return checked_operator(op, (), {})
 
 
 def _climb(ladder: Ladder, rung: Rung, selected: set[str]) -> RungResult:

@@ -50,34 +50,32 @@ class Sample:
         return found
 
 
-def collect_samples(
-    name: str, args: tuple, kwargs: dict[str, Any], samples: Iterable[Any] | None
-) -> tuple[list[Sample], bool]:
-    """The samples to diagnose with, and whether they were built from the schema.
-
-    ``samples`` is an iterable of ``(args, kwargs)`` pairs or argument tuples; without it the
-    call's ``args``/``kwargs`` are the one sample, and without those one is built from the
-    schema (as the explorer builds it: 2 x 2 float32 tensors, the simplest values).
-    """
-    if samples is not None:
-        if args or kwargs:
-            raise ArgumentTypeError("doctor: give the call's arguments or samples=[...], not both.")
-        if isinstance(samples, (str, bytes, dict, torch.Tensor)) or not isinstance(
-            samples, Iterable
-        ):
-            raise ArgumentTypeError(
-                f"doctor: samples must be an iterable of (args, kwargs) pairs or argument "
-                f"tuples, got {type(samples).__name__} {samples!r:.60}."
-            )
-        collected = [_sample(item, index) for index, item in enumerate(samples)]
-        if not collected:
-            raise ArgumentTypeError("doctor: samples is empty; give at least one sample.")
-        return collected, False
+def given_samples(
+    args: tuple, kwargs: dict[str, Any], samples: Iterable[Any] | None
+) -> list[Sample] | None:
+    """The samples given: ``samples`` (an iterable of ``(args, kwargs)`` pairs or argument
+    tuples), else the call's ``args``/``kwargs`` as the one sample; ``None`` when neither is
+    given (build one from the schema with :func:`schema_sample`)."""
+    if samples is None:
+        return [Sample(tuple(args), dict(kwargs))] if args or kwargs else None
     if args or kwargs:
-        return [Sample(tuple(args), dict(kwargs))], False
-    ref = op_ref(name)
-    built_args, built_kwargs = call_arguments(plan_arguments(op_parameters(ref)))
-    return [Sample(built_args, built_kwargs)], True
+        raise ArgumentTypeError("doctor: give the call's arguments or samples=[...], not both.")
+    if isinstance(samples, (str, bytes, dict, torch.Tensor)) or not isinstance(samples, Iterable):
+        raise ArgumentTypeError(
+            f"doctor: samples must be an iterable of (args, kwargs) pairs or argument "
+            f"tuples, got {type(samples).__name__} {samples!r:.60}."
+        )
+    collected = [_sample(item, index) for index, item in enumerate(samples)]
+    if not collected:
+        raise ArgumentTypeError("doctor: samples is empty; give at least one sample.")
+    return collected
+
+
+def schema_sample(name: str) -> Sample:
+    """A sample built from the schema of ``name`` as the explorer builds it: 2 x 2 float32
+    tensors and the simplest values."""
+    built_args, built_kwargs = call_arguments(plan_arguments(op_parameters(op_ref(name))))
+    return Sample(built_args, built_kwargs)
 
 
 def _sample(item: Any, index: int) -> Sample:
