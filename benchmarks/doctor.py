@@ -5,8 +5,8 @@ same process right before each ladder.
 
 The op is a ``torch.library.custom_op`` with a fake impl and an autograd formula, checked on
 one float32 sample that requires grad. Wall times and CPU times (the process and its children,
-where Inductor compiles) are printed: a shared machine inflates wall times. No target: the figures say where the
-ladder's time goes (``until=`` and ``rungs=`` leave out the costly rungs).
+where Inductor compiles) are printed: a shared machine inflates wall times. No target: the
+figures say where the ladder's time goes (``until=`` and ``rungs=`` leave out costly rungs).
 
 Run from the repository root: ``python benchmarks/doctor.py`` (opmagic installed, or
 ``PYTHONPATH=.``); ``--until RUNG`` stops the ladder there (e.g. ``--until export``).

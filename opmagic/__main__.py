@@ -155,16 +155,22 @@ def _resolve(options: argparse.Namespace) -> str:
     scope), and its diagram for ``--svg``."""
     import torch
 
-    scope = {"torch": torch}
+    args, kwargs = _call_arguments(options, {"torch": torch})
+    resolution = call_context(options).resolve(options.op, *args, **kwargs)
+    _write_svg(options.svg, resolution.diagram(show_all=options.all))
+    return str(resolution)
+
+
+def _call_arguments(options: argparse.Namespace, scope: dict[str, Any]) -> tuple[tuple, dict]:
+    """The call's arguments from ``--args`` (a tuple is the argument list) and ``--kwargs``
+    (a dict), evaluated in ``scope``."""
     args = evaluate(options.args, scope, "--args") if options.args.strip() else ()
     if not isinstance(args, tuple):
         args = (args,)
     kwargs = evaluate(options.kwargs, scope, "--kwargs") if options.kwargs.strip() else {}
     if not isinstance(kwargs, dict):
         raise UsageError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
-    resolution = call_context(options).resolve(options.op, *args, **kwargs)
-    _write_svg(options.svg, resolution.diagram(show_all=options.all))
-    return str(resolution)
+    return args, kwargs
 
 
 def _kernels(options: argparse.Namespace, argv: Sequence[str]) -> str:
@@ -216,12 +222,7 @@ def _doctor(options: argparse.Namespace) -> tuple[str, int]:
     module = _imported(module_name)
     scope = {"torch": torch, **vars(module)}
     op = evaluate(attribute, scope, f"the operator {attribute!r} of {module_name}")
-    args = evaluate(options.args, scope, "--args") if options.args.strip() else ()
-    if not isinstance(args, tuple):
-        args = (args,)
-    kwargs = evaluate(options.kwargs, scope, "--kwargs") if options.kwargs.strip() else {}
-    if not isinstance(kwargs, dict):
-        raise UsageError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
+    args, kwargs = _call_arguments(options, scope)
     diagnosis = doctor(op, *args, **doctor_keywords(options), **kwargs)
     return str(diagnosis), 0 if diagnosis.ok else 1
 

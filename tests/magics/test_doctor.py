@@ -9,6 +9,8 @@ from IPython.utils.capture import capture_output
 
 from opmagic import Diagnosis
 
+from ..cells.test_triton_op import VECTOR_ADD
+
 SAMPLE = '"torch.randn(3, requires_grad=True), 2."'
 BROKEN = f"""%%custom_op t_mdoc::scale --until make_fx --doctor {SAMPLE}
 def scale(x: Tensor, factor: float) -> Tensor:
@@ -103,29 +105,12 @@ TORCH_LIBRARY_IMPL(t_mdoc_lib, CPU, m) { m.impl("twice", &twice_cpu); }
 
 
 TRITON_LINE = '%%triton_op t_mdoc::add --interpret --doctor "torch.randn(100), torch.randn(100)"'
-TRITON = TRITON_LINE + """ --until make_fx
-import triton
-import triton.language as tl
-from torch.library import wrap_triton
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n
-    x = tl.load(x_ptr + offsets, mask=mask)
-    tl.store(out_ptr + offsets, x + tl.load(y_ptr + offsets, mask=mask), mask=mask)
-
-def add(x: Tensor, y: Tensor) -> Tensor:
-    out = torch.empty_like(x)
-    wrap_triton(add_kernel)[(triton.cdiv(out.numel(), 64),)](x, y, out, out.numel(), BLOCK=64)
-    return out
-"""
 
 
 def test_a_triton_op_cell_is_healthy_its_launcher_tracing_as_its_fake(cells) -> None:
     """Triton's interpreter (no GPU needed): a triton_op needs no fake impl of its own."""
     pytest.importorskip("triton")
     with capture_output() as captured:
-        cells.run(TRITON)
+        cells.run(f"{TRITON_LINE} --until make_fx\n{VECTOR_ADD.format(op='+')}")
     (text,) = diagnoses(captured)
     assert text.startswith("doctor t_mdoc::add: healthy"), text
