@@ -16,6 +16,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from ..._torch import compilers
+from ...dispatch.keys import catalogue
 from ..values import describe_value, first_line
 from . import fixes
 from .causes import classify
@@ -23,8 +24,9 @@ from .ladder import Ladder, Run, RungFailed, RungSkipped, first_lines, tensors_o
 from .samples import Sample
 from .target import is_float_tensor
 
-# keys whose kernels a CompositeImplicitAutograd kernel hides from FakeTensor, compile, export
-_BOOKKEEPING_KEYS = ("CompositeImplicitAutograd", "CompositeImplicitAutogradNestedTensor")
+# alias keys of kernels that a CompositeImplicitAutograd kernel hides from FakeTensor, compile
+# and export (besides backend kernels: CPU, CUDA, Meta, ...)
+_COMPUTING_ALIASES = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
 
 
 def registrations(ladder: Ladder) -> None:
@@ -35,7 +37,7 @@ def registrations(ladder: Ladder) -> None:
     composite = next((r for r in active if r.key == "CompositeImplicitAutograd"), None)
     if composite is None:
         return
-    hidden = [r for r in active if r.key not in _BOOKKEEPING_KEYS]
+    hidden = [r for r in active if _computes(r.key)]
     if not hidden:
         return
     keys = ", ".join(r.key for r in hidden)
@@ -51,6 +53,15 @@ def registrations(ladder: Ladder) -> None:
         f"{keys} registration(s)",
     )
     raise RungFailed(f"CompositeImplicitAutograd hides {keys}")
+
+
+def _computes(key: str) -> bool:
+    """Whether a kernel registered for ``key`` computes the op for a backend (not tracing,
+    batching, autocast or autograd bookkeeping; nested tensors have a composite of their own)."""
+    if key in _COMPUTING_ALIASES:
+        return True
+    info = catalogue().by_name.get(key)
+    return info is not None and info.category == "backend" and info.functionality != "NestedTensor"
 
 
 def schema(ladder: Ladder) -> None:
