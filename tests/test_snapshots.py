@@ -160,7 +160,7 @@ def test_library_op_results_survive_destroy_and_redefinition() -> None:
         "call": traced.calls[0],
         "surprises": traced.surprises(),
         "check": check_op(op, (x,)),
-        "diagnosis": doctor(op, x, until="make_fx", progress=False),
+        "diagnosis": doctor(op, x, until="fake", progress=False),
         "comparison": compare(op, lambda v: v * 2, [(x,)], min_run_time=0.01, progress=False),
         "progress": SweepProgress(1, 2, "case", 0.5),
         "kernels": KernelsView(kernels("snap_lib")),

@@ -107,6 +107,7 @@ TORCH_LIBRARY_IMPL(t_mdoc_lib, CPU, m) { m.impl("twice", &twice_cpu); }
 TRITON_LINE = '%%triton_op t_mdoc::add --interpret --doctor "torch.randn(100), torch.randn(100)"'
 
 
+@pytest.mark.slow
 def test_a_triton_op_cell_is_healthy_its_launcher_tracing_as_its_fake(cells) -> None:
     """Triton's interpreter (no GPU needed): a triton_op needs no fake impl of its own."""
     pytest.importorskip("triton")

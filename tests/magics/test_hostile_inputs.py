@@ -202,7 +202,7 @@ def test_generated_dispatch_calls(shell, call, options):
 
 
 @pytest.mark.slow
-@_SETTINGS
+@settings(_SETTINGS, max_examples=40)  # each call that resolves climbs rungs: fewer examples
 @given(call=_CALL, options=st.sampled_from(["--until fake", "--rungs schema,fake", "--until"]))
 def test_generated_doctor_calls(shell, call, options):
     _run(shell, f"%doctor {options} {call}")
