@@ -35,6 +35,17 @@ class TraceMagics(Magics):
         "the surprises",
     )
     @argument("-o", "--out", metavar="NAME", help="also store the Trace in this variable")
+    @argument(
+        "--values",
+        action="store_true",
+        help="also keep min/max/mean of every output (for opmagic.compare_traces)",
+    )
+    @argument(
+        "--warmup",
+        action="store_true",
+        help="run the cell once untraced first, leaving one-time costs (imports, a custom "
+        "op's first call, torch.compile compiling) out of the trace: the cell runs twice",
+    )
     @with_options(CONTEXT_OPTIONS)
     @cell_magic
     def trace(self, line: str, cell: str) -> Any:
@@ -43,7 +54,8 @@ class TraceMagics(Magics):
 
         ``%%trace --autocast cpu`` runs it under ``torch.autocast("cpu")`` (the other context
         options as ``%dispatch``'s); ``-o t`` keeps the :class:`~opmagic.Trace` as ``t``
-        (``t.result`` is the value of the cell's last expression).
+        (``t.result`` is the value of the cell's last expression); ``--values`` and
+        ``--warmup`` are ``opmagic.trace``'s ``values=True`` and ``warmup=True``.
         """
         with magic_context("%%trace"):
             options = parse_options(self.trace, line)
@@ -51,7 +63,7 @@ class TraceMagics(Magics):
                 raise UsageError(f"-o needs a variable name, not {options.out!r}.")
             run = self._compiled(cell)
             with call_context(options).applied():
-                traced = trace(run)
+                traced = trace(run, values=options.values, warmup=options.warmup)
         if options.out is not None:
             self.shell.user_ns[options.out] = traced
         shown = traced if options.view == "tree" else _view(traced, options.view)

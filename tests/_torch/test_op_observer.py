@@ -1,4 +1,5 @@
-"""The operator observer shim: a log of every operator call on this thread, against real calls."""
+"""The operator observer shim: a log of every operator call on this thread (and on the threads
+torch hands its work to), against real calls."""
 
 from __future__ import annotations
 
@@ -32,32 +33,46 @@ class Describer:
             raise ValueError(f"refusing {name}")
         self.questions.append((name, overload, inputs, decides))
         torch.ones(1)  # ops the callback runs itself are not logged
-        return len(self.questions) - 1, ("summary",) if decides else None
+        return len(self.questions) - 1, ("summary",) if decides else None, 0
 
 
 def observe(
-    fn, describe: Describer | None = None, still_valid: bool = False
+    fn, describe: Describer | None = None, still_valid: bool = False, **options: Any
 ) -> tuple[list, list, Any, Describer]:
-    """Log ``fn()``; ``still_valid``: what ``check`` answers (False: ask about every call)."""
+    """Log ``fn()``; ``still_valid``: what ``check`` answers (False: ask about every call).
+    Returns the tracing thread's events."""
+    ops, threads, error, describe = observe_threads(fn, describe, still_valid, **options)
+    return ops, threads[0][3], error, describe
+
+
+def observe_threads(
+    fn, describe: Describer | None = None, still_valid: bool = False, **options: Any
+) -> tuple[list, list, Any, Describer]:
+    """Log ``fn()``: every thread's log."""
     describe = describe or Describer()
-    op_observer.start(describe, lambda op, name, overload: still_valid, "tests")
+    op_observer.start(describe, lambda op, name, overload: still_valid, "tests", **options)
     try:
         fn()
     finally:
-        ops, events, error = op_observer.stop()
-    return ops, events, error, describe
+        ops, threads, error = op_observer.stop()
+    return ops, threads, error, describe
 
 
 def nesting(ops: list, events: list) -> list[str]:
-    """The log as indented operator names."""
+    """The log as indented names: operators, and ranges and nodes in brackets."""
     depth, lines = 0, []
-    for op, _, _, _, _ in events:
-        if op >= 0:
-            name, overload = ops[op]
-            lines.append("  " * depth + (f"{name}.{overload}" if overload else name))
-            depth += 1
-        else:
+    for event in events:
+        kind = event[0]
+        if kind == op_observer.EXIT:
             depth -= 1
+            continue
+        if kind >= 0:
+            name, overload = ops[kind]
+            label = f"{name}.{overload}" if overload else name
+        else:
+            label = f"[{event[1]}]"
+        lines.append("  " * depth + label)
+        depth += 1
     return lines
 
 
@@ -149,7 +164,7 @@ def test_an_exception_leaving_a_call_marks_its_exit() -> None:
             torch.ones(2) @ torch.ones(3)
 
     _, events, _, _ = observe(calls)
-    exits = [e[1] for e in events if e[0] < 0]
+    exits = [e[1] for e in events if e[0] == op_observer.EXIT]
     assert exits[-1] is True  # matmul raised
     assert exits[0] is False  # the first torch.ones returned
 
@@ -163,11 +178,14 @@ def test_an_exception_in_describe_stops_the_log_and_is_handed_back() -> None:
     assert not op_observer.running()
 
 
-def test_other_threads_are_not_logged() -> None:
+def test_threads_torch_did_not_hand_work_to_are_not_logged() -> None:
     worker = threading.Thread(target=lambda: torch.ones(2).cos())
-    ops, _, _, _ = observe(lambda: (worker.start(), worker.join(), torch.ones(1).sin()))
+    ops, threads, _, _ = observe_threads(
+        lambda: (worker.start(), worker.join(), torch.ones(1).sin())
+    )
     names = {name for name, _ in ops}
     assert "aten::sin" in names and "aten::cos" not in names
+    assert len(threads) == 1
 
 
 def test_refuses_a_second_observer_on_the_thread() -> None:

@@ -1,6 +1,10 @@
 """What in a trace deserves a second look: fallbacks that ran, decompositions, autocast casts,
 ops without a kernel of their own, custom operators without a fake impl or autograd.
 
+A decomposition is a surprise only where the op could have had a kernel of its own: an op with
+no kernel for any backend (``linear``, ``reshape``, ``layer_norm``: CompositeImplicitAutograd
+by design) always decomposes, and its calls stay in the tree without a line in the summary.
+
 Worked out once, when the trace finishes (the custom-op facts read the operators' registrations
 then), and kept in the :class:`~.result.Trace`: displaying a trace reads nothing live.
 """
@@ -15,11 +19,12 @@ import torch
 
 from ..._torch import custom_op_state, dispatcher
 from ...errors import OpmagicError
+from ..keys import key_info
 from ..ops import op_ref
 from ..sites import parse_site
-from ..table import classify, parse_computed_table
+from ..table import classify, parse_computed_table, parse_registrations
 from .arguments import TensorInfo, short_value
-from .result import Surprise, Surprises, TracedCall, walk_all
+from .result import Surprise, Surprises, TracedCall, walk_calls
 
 # Keys whose backend fallback is plumbing that runs for every call in its context
 ROUTINE_FALLBACKS = frozenset(
@@ -65,9 +70,10 @@ def find_surprises(calls: tuple[TracedCall, ...]) -> Surprises:
     how many calls showed it, most consequential kinds first."""
     found: dict[tuple[str, str], list] = {}  # (kind, op) -> [count, detail, called ops]
     ops: dict[str, None] = {}
-    for call in walk_all(calls):
+    by_design: dict[str, bool] = {}  # op -> whether it has no backend kernel by design
+    for call in walk_calls(calls):
         ops[call.op] = None
-        for kind, detail in _call_surprises(call):
+        for kind, detail in _call_surprises(call, by_design):
             entry = found.setdefault((kind, call.op), [0, detail, {}])
             entry[0] += 1
             if kind == "decomposed":
@@ -83,11 +89,12 @@ def find_surprises(calls: tuple[TracedCall, ...]) -> Surprises:
     return Surprises(tuple(items))
 
 
-def _call_surprises(call: TracedCall) -> Iterator[tuple[str, str]]:
+def _call_surprises(call: TracedCall, by_design: dict[str, bool]) -> Iterator[tuple[str, str]]:
     """The surprises one call shows on its own path. Decompositions are reported for the
-    calls the traced code made itself and for custom operators; torch's own kernels call
-    composite operators all the time. Arguments are read only where a surprise needs them
-    (every trace pays for this when it finishes)."""
+    calls the traced code made itself and for custom operators (torch's own kernels call
+    composite operators all the time), unless the op has no backend kernel by design.
+    Arguments are read only where a surprise needs them (every trace pays for this when it
+    finishes)."""
     custom = _is_custom(call.op)
     for step in call.steps:
         entry = step.entry
@@ -95,7 +102,9 @@ def _call_surprises(call: TracedCall) -> Iterator[tuple[str, str]]:
         if entry.kind == "fallback" and step.key not in ROUTINE_FALLBACKS and not custom_gap:
             yield _fallback_surprise(call, step.key)
         if entry.kind == "alias" and (call.depth == 0 or custom):
-            if entry.alias == "CompositeImplicitAutograd":
+            if entry.alias == "CompositeImplicitAutograd" and not _decomposes_by_design(
+                call.op, by_design
+            ):
                 yield (
                     "decomposed",
                     f"no {_backend(step.key, call)} kernel of its own: its "
@@ -107,9 +116,36 @@ def _call_surprises(call: TracedCall) -> Iterator[tuple[str, str]]:
                     f"no {step.key} kernel of its own: its {entry.alias} kernel ran",
                 )
         if entry.category == "autocast" and step.action == "call":
-            casts = [c for c in call.children if c.op in CAST_OPS]
+            casts = [c for c in call.children if isinstance(c, TracedCall) and c.op in CAST_OPS]
             if casts:
                 yield "autocast cast", _casts_detail(step.key, casts)
+
+
+def _decomposes_by_design(op: str, known: dict[str, bool]) -> bool:
+    """Whether ``op`` registers no kernel for any dense backend (Meta aside) and no
+    CompositeExplicitAutograd kernel: it always decomposes (read once per trace and op)."""
+    found = known.get(op)
+    if found is None:
+        found = known[op] = not any(
+            not registration.fallthrough
+            and (
+                registration.key.startswith("CompositeExplicitAutograd")
+                or _is_dense_backend(registration.key)
+            )
+            for registration in parse_registrations(dispatcher.dump_registrations(op))
+        )
+    return found
+
+
+@functools.lru_cache(maxsize=256)
+def _is_dense_backend(key: str) -> bool:
+    """Whether ``key`` is a dense backend's (CPU, CUDA, ...; not Meta's, which computes
+    shapes only)."""
+    try:
+        info = key_info(key)
+    except OpmagicError:  # a key this torch does not know
+        return False
+    return info.functionality == "Dense" and info.backend not in (None, "Meta")
 
 
 def _casts_detail(key: str, casts: list[TracedCall]) -> str:
@@ -129,7 +165,11 @@ def _casts_detail(key: str, casts: list[TracedCall]) -> str:
 def _decomposition(call: TracedCall) -> list[TracedCall]:
     """The calls a composite kernel made: the children, less an autocast wrapper's casts."""
     autocast = any(s.entry.category == "autocast" and s.action == "call" for s in call.steps)
-    return [c for c in call.children if not (autocast and c.op in CAST_OPS)]
+    return [
+        c
+        for c in call.children
+        if isinstance(c, TracedCall) and not (autocast and c.op in CAST_OPS)
+    ]
 
 
 def _devices(call: TracedCall) -> set[str]:
@@ -165,9 +205,7 @@ def _fallback_surprise(call: TracedCall, key: str) -> tuple[str, str]:
     if key == "Meta":
         return "fallback", "no Meta kernel: the Meta fallback ran and raised"
     foreign = sorted(_devices(call) - {"cpu", "meta"})
-    if foreign and any(
-        c.path and c.path[-1] == "CPU" for child in call.children for c in child.walk()
-    ):
+    if foreign and any(c.path and c.path[-1] == "CPU" for c in walk_calls(call.children)):
         return (
             "CPU fallback",
             f"the {key} backend fallback ran it on CPU for {', '.join(foreign)} inputs",
