@@ -36,6 +36,7 @@ _LIBRARY_ROOTS = tuple(
     }
 )
 _GENERATED = ("<frozen ", "<eval_with_key>")  # import machinery, torch.fx's generated code
+_INDUCTOR = "torchinductor_"  # the start of Inductor's cache directory, its generated code
 
 
 def is_user_code(code: Any) -> bool:
@@ -46,14 +47,20 @@ def is_user_code(code: Any) -> bool:
 @functools.lru_cache(maxsize=4096)
 def is_user_file(filename: str) -> bool:
     """Whether ``filename`` holds the user's code (a notebook cell, a script, a module of
-    theirs) rather than torch's, opmagic's, Python's library's or an installed package's."""
+    theirs) rather than torch's, opmagic's, Python's library's, an installed package's or
+    code torch generated (torch.fx graphs, Inductor's compiled modules)."""
     if filename.startswith("<"):
         return not filename.startswith(_GENERATED)
     try:
-        path = str(Path(filename).resolve())
+        path = Path(filename).resolve()
     except (OSError, RuntimeError):
         return True
-    return not path.startswith(_LIBRARY_ROOTS)
+    generated = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if any(part.startswith(_INDUCTOR) for part in path.parts) or (
+        generated and path.is_relative_to(Path(generated).resolve())
+    ):
+        return False
+    return not str(path).startswith(_LIBRARY_ROOTS)
 
 
 class Origins:

@@ -269,7 +269,7 @@ class _Recording:
                 infos,
                 _segments,
                 origins,
-                None if index == 0 else f"{name or 'thread'} ({native_id})",
+                None if index == 0 else _thread_label(native_id, name, threads[0][1]),
                 record_function_id,
                 iter(self.noted) if index == 0 else iter(()),
             )
@@ -290,6 +290,13 @@ class _Recording:
 
         link(calls, trees, final)
         return calls, tuple(trees[0].unowned)
+
+
+def _thread_label(native_id: int, name: str, main_name: str) -> str:
+    """``thread 1234``, or ``pt_autograd_0 (thread 1234)`` for a thread torch named."""
+    if not name or name == main_name:
+        return f"thread {native_id}"
+    return f"{name} (thread {native_id})"
 
 
 def _segment_id(segment: Segment) -> int:

@@ -413,7 +413,9 @@ def _value(logged: Any) -> ValueSummary | None:
 def _custom_op_fate(call: TracedCall | None) -> str:
     """What ran of a custom op a compiled graph holds: its real kernel, or nothing."""
     if call is None:
-        return "not called at run time (compiled into the graph's own code)"
+        return (
+            "not called at run time: the compiled code does its work itself (decomposed or fused)"
+        )
     if call.error:
         return f"called, and failed: {call.error}"
     kernel = call.path[-1] if call.path else "no kernel"
