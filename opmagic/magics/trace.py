@@ -18,6 +18,7 @@ from IPython.display import display
 from ..dispatch.trace import Trace, trace
 from .arguments import CONTEXT_OPTIONS, call_context, parse_options, with_options
 from .context import magic_context
+from .session import running_cell_number
 
 VIEWS = ("tree", "frame", "diagram", "surprises")
 
@@ -74,10 +75,12 @@ class TraceMagics(Magics):
 
     def _compiled(self, cell: str) -> Any:
         """A function running the cell in the user namespace, returning its last expression."""
-        source = self.shell.transform_cell(cell)
+        # a blank first line for the magic's: the cell's lines keep their numbers in
+        # tracebacks and where its calls came from ("cell [3], line 2")
+        source = "\n" + self.shell.transform_cell(cell)
         tree = ast.parse(source)  # a SyntaxError is the user's: IPython shows it as such
         last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        filename = self.shell.compile.cache(source)  # tracebacks show the cell's lines
+        filename = self.shell.compile.cache(source, running_cell_number(self.shell))
         body = compile(ast.Module(tree.body[:-1] if last else tree.body, []), filename, "exec")
         value = compile(ast.Expression(last.value), filename, "eval") if last else None
         namespace = self.shell.user_ns
