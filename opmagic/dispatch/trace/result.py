@@ -161,8 +161,9 @@ Output = ValueSummary | tuple[ValueSummary | None, ...] | None
 
 
 @dataclass(frozen=True)
-class TracedGroup(Displayable):
-    """Calls that something other than an operator ran: an autograd node, a compiled region."""
+class TracedGroup:
+    """Calls that something other than an operator ran: the base of :class:`AutogradNode`,
+    :class:`CompiledRegion` and :class:`Compilation` (views draw them alike)."""
 
     kind: ClassVar[str] = "group"
     name: str
@@ -189,7 +190,7 @@ class TracedGroup(Displayable):
 
 
 @dataclass(frozen=True)
-class AutogradNode(TracedGroup):
+class AutogradNode(TracedGroup, Displayable):
     """An autograd node running its backward (``AddmmBackward0``): the calls its formula made
     and those the engine made to add up the gradients it produced."""
 
@@ -200,7 +201,7 @@ class AutogradNode(TracedGroup):
 
 
 @dataclass(frozen=True)
-class CompiledRegion(TracedGroup):
+class CompiledRegion(TracedGroup, Displayable):
     """One graph torch.compile compiled, running: the operators the compiled code called at
     run time (extern kernels, fallbacks, custom ops; fused kernels call none)."""
 
@@ -213,7 +214,7 @@ class CompiledRegion(TracedGroup):
 
 
 @dataclass(frozen=True)
-class Compilation(TracedGroup):
+class Compilation(TracedGroup, Displayable):
     """torch.compile compiling a graph: the operator calls it made while tracing the code
     (on fake tensors) are counted, not recorded."""
 
