@@ -147,6 +147,7 @@ class _Recording:
         self.values = values
         self.stop_frame = stop_frame  # module paths are read inside this frame
         self.checked: set[tuple[str, str]] = set()  # operators checked during this trace
+        self.registrations: dict[str, str] = {}  # their registrations, by label, as checked
         self.started_ns = 0
         # torch 2.14's custom_op calls skip the observer's hook: off while tracing
         self.shortcuts_back_on: Callable[[], None] = lambda: None
@@ -191,7 +192,8 @@ class _Recording:
             ) from failure
         with dispatcher.torch_function_disabled():
             calls, unowned = self._tree(ops, threads, exception)
-            surprises = find_surprises(calls)  # now: a trace reads nothing live when shown
+            # now: a trace reads nothing live when shown
+            surprises = find_surprises(calls, self._registrations)
         # the observer's own time on the tracing thread, and on the threads torch used
         observed = [events[-1][3] if events else 0 for _, _, _, events in threads]
         main = observed[0] if observed else 0
@@ -246,11 +248,17 @@ class _Recording:
             return True
         self.checked.add(op_key)
         fingerprint = _fingerprint(info.label)
+        self.registrations[info.label] = fingerprint[0]
         cache = _paths.get(op_key)
         if cache is not None and cache.fingerprint == fingerprint:
             return True
         _paths[op_key] = _PathCache(fingerprint)
         return False
+
+    def _registrations(self, label: str) -> str:
+        """An operator's registrations as read when this trace checked it (else now)."""
+        found = self.registrations.get(label)
+        return found if found is not None else dispatcher.dump_registrations(label)
 
     def _tree(
         self,

@@ -12,7 +12,7 @@ then), and kept in the :class:`~.result.Trace`: displaying a trace reads nothing
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from ..ops import op_ref
 from ..sites import parse_site
 from ..table import classify, parse_computed_table, parse_registrations
 from .arguments import TensorInfo, short_value
-from .result import Surprise, Surprises, TracedCall, walk_calls
+from .result import Surprise, Surprises, TracedCall, TracedItem, walk_calls
 
 # Keys whose backend fallback is plumbing that runs for every call in its context
 ROUTINE_FALLBACKS = frozenset(
@@ -65,15 +65,18 @@ SURPRISE_ORDER = (
 )
 
 
-def find_surprises(calls: tuple[TracedCall, ...]) -> Surprises:
+def find_surprises(
+    calls: tuple[TracedItem, ...],
+    registrations: Callable[[str], str] = dispatcher.dump_registrations,
+) -> Surprises:
     """What in the call trees ``calls`` deserves a second look, one entry per (kind, op) with
-    how many calls showed it, most consequential kinds first."""
+    how many calls showed it, most consequential kinds first. ``registrations(op)``: the
+    operator's registrations as the dispatcher prints them (a recording has them at hand)."""
     found: dict[tuple[str, str], list] = {}  # (kind, op) -> [count, detail, called ops]
     ops: dict[str, None] = {}
-    by_design: dict[str, bool] = {}  # op -> whether it has no backend kernel by design
     for call in walk_calls(calls):
         ops[call.op] = None
-        for kind, detail in _call_surprises(call, by_design):
+        for kind, detail in _call_surprises(call, registrations):
             entry = found.setdefault((kind, call.op), [0, detail, {}])
             entry[0] += 1
             if kind == "decomposed":
@@ -89,7 +92,9 @@ def find_surprises(calls: tuple[TracedCall, ...]) -> Surprises:
     return Surprises(tuple(items))
 
 
-def _call_surprises(call: TracedCall, by_design: dict[str, bool]) -> Iterator[tuple[str, str]]:
+def _call_surprises(
+    call: TracedCall, registrations: Callable[[str], str]
+) -> Iterator[tuple[str, str]]:
     """The surprises one call shows on its own path. Decompositions are reported for the
     calls the traced code made itself and for custom operators (torch's own kernels call
     composite operators all the time), unless the op has no backend kernel by design.
@@ -103,7 +108,7 @@ def _call_surprises(call: TracedCall, by_design: dict[str, bool]) -> Iterator[tu
             yield _fallback_surprise(call, step.key)
         if entry.kind == "alias" and (call.depth == 0 or custom):
             if entry.alias == "CompositeImplicitAutograd" and not _decomposes_by_design(
-                call.op, by_design
+                registrations(call.op)
             ):
                 yield (
                     "decomposed",
@@ -121,20 +126,19 @@ def _call_surprises(call: TracedCall, by_design: dict[str, bool]) -> Iterator[tu
                 yield "autocast cast", _casts_detail(step.key, casts)
 
 
-def _decomposes_by_design(op: str, known: dict[str, bool]) -> bool:
-    """Whether ``op`` registers no kernel for any dense backend (Meta aside) and no
-    CompositeExplicitAutograd kernel: it always decomposes (read once per trace and op)."""
-    found = known.get(op)
-    if found is None:
-        found = known[op] = not any(
-            not registration.fallthrough
-            and (
-                registration.key.startswith("CompositeExplicitAutograd")
-                or _is_dense_backend(registration.key)
-            )
-            for registration in parse_registrations(dispatcher.dump_registrations(op))
+@functools.lru_cache(maxsize=512)
+def _decomposes_by_design(registrations: str) -> bool:
+    """Whether an op with these registrations has no kernel for any dense backend (Meta
+    aside) and no CompositeExplicitAutograd kernel: it always decomposes (read once per
+    state of its registrations)."""
+    return not any(
+        not registration.fallthrough
+        and (
+            registration.key.startswith("CompositeExplicitAutograd")
+            or _is_dense_backend(registration.key)
         )
-    return found
+        for registration in parse_registrations(registrations)
+    )
 
 
 @functools.lru_cache(maxsize=256)
