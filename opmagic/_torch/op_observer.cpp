@@ -145,7 +145,7 @@ struct OutputSummary {
 
 struct Event {
   int kind = kExit;  // the operator's index (>= 0), or kExit, kRange, kNode, kHidden
-  int segment = -1;  // an operator call's segment; the hidden call's operator
+  int segment = -1;  // a call's (or hidden call's) segment
   bool unwinding = false;  // exit: an exception is leaving the call
   int64_t time = 0;
   int64_t overhead = 0;  // observer time spent on this thread so far
@@ -754,6 +754,35 @@ bool starts_with_any(const char* name, const std::vector<std::string>& prefixes)
   return false;
 }
 
+// Time an enter event (its observer time counted up to now), log it, and hand the exit
+// callback what it needs.
+std::unique_ptr<at::ObserverContext> entered(
+    Current& here, Event&& event, int64_t began, bool watched = false, bool summarise = false) {
+  ThreadLog& log = *here.log;
+  int64_t ended = now_ns();
+  log.overhead += ended - began;
+  event.time = ended;
+  event.overhead = log.overhead;
+  push(*here.recorder, log, std::move(event));
+  return std::make_unique<Entered>(
+      here.recorder, here.log, std::uncaught_exceptions(), watched, summarise);
+}
+
+// The log this thread's callbacks report to now; null while the observer itself runs or
+// after a callback failed.
+Current* observing() {
+  if (t_busy) {
+    return nullptr;
+  }
+  Current* here = current();
+  return here == nullptr || here->recorder->failed.load() ? nullptr : here;
+}
+
+// Whether a hidden call is running on the log's thread (what runs under it is counted only).
+bool under_hidden(const ThreadLog& log) {
+  return !log.stack.empty() && (log.stack.back() & kOpenHidden) != 0;
+}
+
 // Enter a named range or autograd node: a group the calls inside belong to.
 std::unique_ptr<at::ObserverContext> enter_group(
     Current& here, const at::RecordFunction& fn, int kind, int64_t began) {
@@ -776,25 +805,17 @@ std::unique_ptr<at::ObserverContext> enter_group(
     }
   }
   log.stack.push_back(kOpenGroup);
-  int64_t ended = now_ns();
-  log.overhead += ended - began;
-  event.time = ended;
-  event.overhead = log.overhead;
-  push(recorder, log, std::move(event));
-  return std::make_unique<Entered>(here.recorder, here.log, std::uncaught_exceptions(), false);
+  return entered(here, std::move(event), began);
 }
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
-  if (t_busy) {
-    return nullptr;
-  }
-  Current* here = current();
-  if (here == nullptr || here->recorder->failed.load()) {
+  Current* here = observing();
+  if (here == nullptr) {
     return nullptr;
   }
   Recorder& recorder = *here->recorder;
   ThreadLog& log = *here->log;
-  if (!log.stack.empty() && (log.stack.back() & kOpenHidden) != 0) {
+  if (under_hidden(log)) {
     ++log.hidden;
     return nullptr;
   }
@@ -887,10 +908,10 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     }
   }
   if (flags & kHide) {
-    Event hidden;
-    hidden.kind = kHidden;
-    hidden.segment = event.segment;
-    hidden.origin = event.origin;
+    Event placeholder;  // the hidden call: its calls are counted under it
+    placeholder.kind = kHidden;
+    placeholder.segment = event.segment;
+    placeholder.origin = event.origin;
     event.origin = nullptr;
     if (event.described != nullptr) {
       py::gil_scoped_acquire gil;
@@ -898,12 +919,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     }
     log.stack.push_back(kOpenHidden);
     log.hidden = 0;
-    int64_t ended = now_ns();
-    log.overhead += ended - began;
-    hidden.time = ended;
-    hidden.overhead = log.overhead;
-    push(recorder, log, std::move(hidden));
-    return std::make_unique<Entered>(here->recorder, here->log, std::uncaught_exceptions(), false);
+    return entered(*here, std::move(placeholder), began);
   }
   // values=True summarises the values the code computed: the outputs of the calls made by
   // the traced code, a group, a decomposition or a Python kernel (not a C++ kernel's own
@@ -914,24 +930,12 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   log.stack.push_back(
       ((flags & kRunsPython) ? kOpenPython | kOpenValues : 0) |
       ((flags & kMakesValues) ? kOpenValues : 0));
-  int64_t ended = now_ns();
-  log.overhead += ended - began;
-  event.time = ended;
-  event.overhead = log.overhead;
-  push(recorder, log, std::move(event));
-  return std::make_unique<Entered>(
-      here->recorder, here->log, std::uncaught_exceptions(), watched, summarise);
+  return entered(*here, std::move(event), began, watched, summarise);
 }
 
 std::unique_ptr<at::ObserverContext> on_node_enter(const at::RecordFunction& fn) {
-  if (t_busy) {
-    return nullptr;
-  }
-  Current* here = current();
-  if (here == nullptr || here->recorder->failed.load()) {
-    return nullptr;
-  }
-  if (!here->log->stack.empty() && (here->log->stack.back() & kOpenHidden) != 0) {
+  Current* here = observing();
+  if (here == nullptr || under_hidden(*here->log)) {
     return nullptr;
   }
   return enter_group(*here, fn, kNode, now_ns());
@@ -1140,46 +1144,26 @@ py::object steal_or_none(PyObject*& object) {
   return py::reinterpret_steal<py::object>(std::exchange(object, nullptr));
 }
 
+// An event as Python sees it (see op_observer.py): an exit, or an enter whose detail is the
+// name (a range, a node) or the segment (a call, a hidden call).
 py::tuple event_tuple(Event& event) {
-  switch (event.kind) {
-    case kExit:
-      return py::make_tuple(
-          kExit, event.unwinding, event.time, event.overhead, outputs_tuple(event), event.extra);
-    case kRange:
-    case kNode:
-      return py::make_tuple(
-          event.kind,
-          event.name,
-          event.time,
-          event.overhead,
-          py::none(),
-          event.sequence_nr,
-          steal_or_none(event.origin),
-          event.extra);
-    case kHidden:
-      return py::make_tuple(
-          kHidden,
-          event.segment,
-          event.time,
-          event.overhead,
-          py::none(),
-          event.sequence_nr,
-          steal_or_none(event.origin),
-          event.extra);
-    default: {
-      py::object arguments = arguments_tuple(event);
-      Py_CLEAR(event.described);
-      return py::make_tuple(
-          event.kind,
-          event.segment,
-          event.time,
-          event.overhead,
-          arguments,
-          event.sequence_nr,
-          steal_or_none(event.origin),
-          event.extra);
-    }
+  if (event.kind == kExit) {
+    return py::make_tuple(
+        kExit, event.unwinding, event.time, event.overhead, outputs_tuple(event), event.extra);
   }
+  bool named = event.kind == kRange || event.kind == kNode;
+  py::object detail = named ? py::object(py::str(event.name)) : py::object(py::int_(event.segment));
+  py::object arguments = event.kind >= 0 ? arguments_tuple(event) : py::none();
+  Py_CLEAR(event.described);
+  return py::make_tuple(
+      event.kind,
+      detail,
+      event.time,
+      event.overhead,
+      arguments,
+      event.sequence_nr,
+      steal_or_none(event.origin),
+      event.extra);
 }
 
 // Stop and hand over the log: (ops, threads, error). See op_observer.py for the events.
