@@ -543,9 +543,10 @@ def _outputs_text(call: TracedCall) -> str | None:
 
 @renders(Trace, "frame")
 def trace_frame(trace: Trace) -> pandas.DataFrame:
-    """A row per operator call, depth-first: depth, phase and autograd node, module, op,
-    path, kernel kind, where in the user's code it was made (``source``), time (µs), inputs,
-    outputs (with values), the kernel's registration (``kernel_source``), thread, error."""
+    """A row per operator call, depth-first: depth, phase and autograd node, module (its path;
+    the outermost module's own code as ``(ItsClass)``), op, path, kernel kind, where in the
+    user's code it was made (``source``), time (µs), inputs, outputs (with values), the
+    kernel's registration (``kernel_source``), thread, error."""
     import pandas as pd
 
     rows = [
@@ -553,7 +554,7 @@ def trace_frame(trace: Trace) -> pandas.DataFrame:
             call.depth,
             call.phase,
             call.node.name if call.node is not None else None,
-            call.module,
+            call.module or (f"({call.module_type})" if call.module_type else None),
             call.op,
             ARROW.join(call.path),
             call.kernel_kind,
