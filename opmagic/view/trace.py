@@ -326,9 +326,11 @@ def calls_text(items: Sequence[TracedItem], width: int | None = None) -> list[st
     for section in sections:
         if headed:
             lines.append(_clip(f"── {section.title} ", width).ljust(width, "─")[:width])
+        shown = None
         for module, run in _module_runs(section.items, section.phase):
-            if module is not None:
-                lines.append(_clip(f"· in {module}", width))
+            if module is not None or shown is not None:
+                lines.append(_clip(f"· in {module}" if module else "· outside modules", width))
+            shown = module
             for name, item in _text_rows(run):
                 lines += _text_row(name, item, name_width, width)
     return lines

@@ -139,6 +139,7 @@ def test_text_cuts_forward_and_backward_into_sections_and_names_modules(
     assert [h.split(":")[0] for h in headings] == ["── forward", "── backward"]
     assert "autograd nodes" in headings[1]
     assert "· in 0 (Linear)" in lines and "· in 2 (Linear)" in lines
+    assert lines[lines.index("· outside modules") + 1].startswith("aten::square")
     addmm = next(line for line in lines if line.startswith("AddmmBackward0"))
     assert "backward of aten::add" in addmm  # cut at narrow widths
     assert re.search(r"\d+(\.\d+)? (µs|ms|s)$", addmm.rstrip())
