@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import opmagic
+from opmagic.verify.samples import BATCH
 from opmagic.view.explorer.model import ExplorerModel, find_ops, namespaces
-from opmagic.view.explorer.samples import BATCH
 from opmagic.view.explorer.widgets import Explorer
 
 from ..svgfacts import svg_facts
