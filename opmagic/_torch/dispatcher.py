@@ -578,15 +578,3 @@ def refresh_operators(qualnames: Iterable[str]) -> None:
         names = getattr(namespace, "_dir", None)
         if isinstance(names, list) and name in names:
             names.remove(name)
-
-
-def forget_compiled_code() -> None:
-    """Drop the code torch.compile made so far, so that every compiled function traces again.
-
-    Dynamo guards a compiled call on the identity of the OpOverloads it saw; an operator
-    whose definition is taken over in place keeps them, so code compiled with its previous
-    kernels and fake impl would keep running. A no-op until torch.compile was first used.
-    """
-    dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is not None:
-        dynamo.reset_code_caches()

@@ -49,7 +49,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._torch import custom_op_state, dispatcher, library_hooks, triton
+from .._torch import compilers, custom_op_state, dispatcher, library_hooks, triton
 from ..dispatch.sites import label_location
 from ..display import Displayable
 from ..errors import ForeignOperatorError, OpmagicError
@@ -575,7 +575,7 @@ class Session:
             registration.adopt(previous_def)
             # torch would make the operator's objects anew, failing the guards of code
             # compiled with its previous kernels; adopted, they stay: that code must go
-            dispatcher.forget_compiled_code()
+            compilers.forget_all_compiled_code()
             adopted = (registration, previous_def, owner)
             self._adopted.append(adopted)
             return self._evict_for([pair for pair in others if pair is not previous], adopted)
@@ -729,7 +729,7 @@ class Session:
             registration.discard()
         dispatcher.refresh_operators(defined)  # objects made for the failed run's definitions
         if adopted:  # code compiled during the run used its kernels on the kept objects
-            dispatcher.forget_compiled_code()
+            compilers.forget_all_compiled_code()
         for change in reversed(changes):
             change.revert()
         self._release_resources(run)

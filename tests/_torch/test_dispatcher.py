@@ -5,7 +5,6 @@ When a torch release changes a private API, the failing test names the shim to u
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
@@ -136,23 +135,6 @@ def test_refresh_operators_forgets_stale_packets_on_every_torch():
         assert torch.ops.shim_refresh.op is not packet  # made again on next use
     finally:
         lib._destroy()
-
-
-@pytest.mark.slow
-def test_forget_compiled_code_makes_compiled_functions_trace_again():
-    graphs = []
-
-    def counting_backend(graph_module, example_inputs):
-        graphs.append(graph_module)
-        return graph_module.forward
-
-    compiled = torch.compile(lambda x: x.sin() + 1, backend=counting_backend)
-    compiled(torch.ones(2))
-    compiled(torch.ones(2))
-    assert len(graphs) == 1
-    dispatcher.forget_compiled_code()
-    compiled(torch.ones(2))
-    assert len(graphs) == 2
 
 
 def test_hold_operators_keeps_an_entry_alive_until_released():
