@@ -49,6 +49,7 @@ from .errors import (
     CompareError,
     CompileError,
     CudaToolkitError,
+    ExportError,
     ForeignOperatorError,
     LoadError,
     NoGPUError,
@@ -73,6 +74,7 @@ from .native import (
     precompile_headers,
 )
 from .native.triton import TritonLaunch
+from .package import Export, Verification, export
 from .verify import (
     CaseResult,
     CheckReport,
@@ -137,6 +139,8 @@ __all__ = [
     "DispatchDiff",
     "DispatchSnapshot",
     "DispatchTable",
+    "Export",
+    "ExportError",
     "ForeignOperatorError",
     "KernelRow",
     "KeyInfo",
@@ -168,6 +172,7 @@ __all__ = [
     "TritonOpResult",
     "UnknownDispatchKeyError",
     "UnknownOperatorError",
+    "Verification",
     "active_session",
     "cdiv",
     "check_op",
@@ -180,6 +185,7 @@ __all__ = [
     "diff",
     "dispatch_table",
     "explore",
+    "export",
     "kernels",
     "key_info",
     "precompile_headers",
