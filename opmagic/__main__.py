@@ -1,5 +1,5 @@
-"""``python -m opmagic``: dispatch tables, call resolution, kernels, and what importing a
-module changes in the dispatcher, from a terminal."""
+"""``python -m opmagic``: dispatch tables, call resolution, kernels, what importing a module
+changes in the dispatcher, and verifying an exported package, from a terminal."""
 
 from __future__ import annotations
 
@@ -83,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
         help="a module to import (repeat for several, imported in order)",
     )
     run.add_argument("--exec", dest="code", metavar="CODE", help="Python code to run instead")
+    verify = commands.add_parser(
+        "verify",
+        help="build a package opmagic exported, install it where opmagic is not importable and "
+        "run its tests there (exit status 1 when a step fails)",
+    )
+    verify.add_argument("directory", help="the package's directory (what opmagic.export wrote)")
+
     diff.add_argument(
         "--fail-on-aten-override",
         action="store_true",
@@ -179,6 +186,15 @@ def _diff(options: argparse.Namespace) -> tuple[str, int]:
     return diff_text(found, limit=None, show_all=show_all), status
 
 
+def _verify(options: argparse.Namespace) -> tuple[str, int]:
+    """``verify``: the exported package built, installed and tested; status 1 if it fails."""
+    from .package import verify_package
+    from .view.package import verification_text
+
+    result = verify_package(options.directory, lambda step: print(step, file=sys.stderr))
+    return verification_text(result), 0 if result.passed else 1
+
+
 def _run(what: str, step: Callable[[], Any]) -> None:
     """Run an import or the code given, saying which one failed and why."""
     try:
@@ -220,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             output = _resolve(options)
         elif options.command == "diff":
             output, status = _diff(options)
+        elif options.command == "verify":
+            output, status = _verify(options)
         else:
             output = _kernels(options, argv)
     except (OpmagicError, UsageError) as exc:
