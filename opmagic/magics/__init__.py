@@ -25,6 +25,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("compare", "CompareMagics"),
     ("trace", "TraceMagics"),
     ("diff", "DiffMagics"),
+    ("export", "ExportMagics"),
 ]
 
 # (module, function) of every warm-up: work that ``%load_ext opmagic`` starts in the

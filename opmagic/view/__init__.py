@@ -9,7 +9,19 @@ the explorer widget lives in :mod:`opmagic.view.explorer` and is imported only w
 opened. A view formats what its result holds: it never reads the live dispatcher.
 """
 
-from . import cells, compare, cuda, diff, frames, library, resolution, table, trace, triton
+from . import (
+    cells,
+    compare,
+    cuda,
+    diff,
+    frames,
+    library,
+    package,
+    resolution,
+    table,
+    trace,
+    triton,
+)
 
 __all__ = [
     "cells",
@@ -18,6 +30,7 @@ __all__ = [
     "diff",
     "frames",
     "library",
+    "package",
     "resolution",
     "table",
     "trace",
