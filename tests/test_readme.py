@@ -1,5 +1,6 @@
-"""Every example in README.md runs as written: its Python and cell blocks, in order, in one
-IPython shell of a fresh process (the examples define operators of their own)."""
+"""Every example in README.md, and in each page of docs/, runs as written: its Python and cell
+blocks, in order, in one IPython shell of a fresh process per page (the examples define
+operators of their own)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,12 @@ _RUNNER = textwrap.dedent(
 )
 
 
-def readme_cells() -> list[str]:
-    """The README's runnable blocks, in order."""
-    return [code for lang, code in _FENCE.findall(README.read_text()) if lang in _RUNNABLE]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+
+
+def readme_cells(page: Path = README) -> list[str]:
+    """A page's runnable blocks, in order (the README's by default)."""
+    return [code for lang, code in _FENCE.findall(page.read_text()) if lang in _RUNNABLE]
 
 
 def test_the_readme_has_examples_to_run() -> None:
@@ -50,11 +54,23 @@ def test_the_readme_has_examples_to_run() -> None:
 
 @pytest.mark.slow
 def test_every_readme_example_runs_as_written(build_cache: Path, tmp_path: Path) -> None:
+    _run_page(README, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", DOCS, ids=[page.stem for page in DOCS])
+def test_every_docs_example_runs_as_written(page: Path, build_cache: Path, tmp_path: Path):
+    assert readme_cells(page), f"{page.name} has no example to run"
+    _run_page(page, tmp_path)
+
+
+def _run_page(page: Path, directory: Path) -> None:
+    """Run a page's blocks in one fresh IPython process in ``directory``."""
     done = subprocess.run(  # in a directory of its own: examples save files where they run
         [sys.executable, "-c", _RUNNER],
-        cwd=tmp_path,
+        cwd=directory,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), PYTHONPATH]))},
-        input=json.dumps(readme_cells()),
+        input=json.dumps(readme_cells(page)),
         capture_output=True,
         text=True,
         timeout=1800,

@@ -298,15 +298,18 @@ def _operators(
                     for name, _ in source.operators
                 ]
         if python is not None and entry.label in python.cells:
+            triton = {s.options.get("name") for s in entry.sources if s.kind == "triton_op"}
             operators += [
-                _operator(name, entry.label, "ops.py", False)
+                _operator(name, entry.label, "ops.py", False, name.partition(".")[0] in triton)
                 for kind, name in sorted(entry.defines)
                 if kind == "def"
             ]
     return [op for op in operators if op.schema]
 
 
-def _operator(name: str, cell: str, source: str, cuda_only: bool) -> Operator:
+def _operator(
+    name: str, cell: str, source: str, cuda_only: bool, triton: bool = False
+) -> Operator:
     """An operator as it is now: its schema, and whether it has a fake."""
     qualname, _, overload = name.partition(".")
     schema = dispatcher.find_schema(qualname, overload)
@@ -315,8 +318,8 @@ def _operator(name: str, cell: str, source: str, cuda_only: bool) -> Operator:
     if isinstance(table, DispatchTable):
         meta = table["Meta"]
         has_fake = meta.kind == "kernel" or meta.alias == "CompositeImplicitAutograd"
-    return Operator(name, str(schema) if schema is not None else "", cell, source, has_fake,
-                    cuda_only)
+    text = str(schema) if schema is not None else ""
+    return Operator(name, text, cell, source, has_fake, cuda_only, triton)
 
 
 def _exported_cell(

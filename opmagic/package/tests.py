@@ -38,6 +38,7 @@ class Operator:
     source: str  # the file that defines it: "ops.py", "csrc/mylib.cpp"
     has_fake: bool  # a fake/Meta kernel (or a CompositeImplicitAutograd one): compiles
     cuda_only: bool = False  # defined by a CUDA source, which only CUDA builds have
+    triton: bool = False  # a %%triton_op: its kernels run on a GPU outside opmagic
 
     @property
     def qualname(self) -> str:
@@ -119,6 +120,8 @@ def _param(
     marks = [f"_needs({device!r})" for device in needs]
     if operator.cuda_only:
         marks.append("_CUDA_BUILD")
+    if operator.triton and not needs:
+        marks.append("_TRITON_ON_GPU")
     ident = f"{op.split('::')[-1]}-cell{cell.strip('[]')}-{case.rsplit('-', 1)[1]}"
     marks_text = f", marks=[{', '.join(marks)}]" if marks else ""
     return f"    pytest.param({op!r}, {case!r}{extra}, id={ident!r}{marks_text}),"
@@ -183,6 +186,10 @@ SAMPLES = torch.load(HERE / "samples.pt", weights_only=True)
 COMPILE_BACKEND = "{backend}"
 # operators a CUDA source defines exist in CUDA builds only
 _CUDA_BUILD = pytest.mark.skipif(not {package}.CUDA_BUILD, reason="built without CUDA")
+# a %%triton_op's kernels ran in Triton's interpreter in the notebook; here they need a GPU
+_TRITON_ON_GPU = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="Triton kernels need a GPU outside opmagic"
+)
 
 
 def _needs(device_type):

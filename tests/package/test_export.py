@@ -137,3 +137,36 @@ def test_two_cells_that_define_one_operator_are_refused(cells: Cells, tmp_path: 
     assert not (tmp_path / "pkg").exists()
     only = opmagic.export(tmp_path / "pkg", "pkg", cells=[second])
     assert [op.name for op in only.operators] == ["exp_clash::f"]
+
+
+TRITON_CELL = """%%triton_op exp_triton::add --check "torch.randn(100), torch.randn(100)"
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + tl.load(y_ptr + offsets, mask=mask), mask=mask)
+
+def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    wrap_triton(add_kernel)[(triton.cdiv(out.numel(), 64),)](x, y, out, out.numel(), BLOCK=64)
+    return out
+"""
+
+
+def test_a_triton_op_cell_exports_as_triton_op_tested_where_a_gpu_is(cells: Cells, tmp_path):
+    pytest.importorskip("triton")
+    cells.run(TRITON_CELL)
+    exported = opmagic.export(tmp_path / "pkg", "exp_triton_ops")
+    ops = (tmp_path / "pkg" / "exp_triton_ops" / "ops.py").read_text()
+    assert '@torch.library.triton_op("exp_triton::add", mutates_args=())\ndef add(' in ops
+    assert "import triton.language as tl" in ops and "@triton.jit" in ops
+    assert exported.operators[0].triton
+    tests = (tmp_path / "pkg" / "tests" / "test_ops.py").read_text()
+    assert "id='add.default-cell" in tests and "marks=[_TRITON_ON_GPU]" in tests
+    assert any(r.startswith("triton") for r in (tmp_path / "pkg" / "pyproject.toml")
+               .read_text().split('"')), "triton is a dependency"

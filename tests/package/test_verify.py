@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from IPython.utils.capture import capture_output
 
 import opmagic
@@ -168,13 +169,40 @@ def _(x, amount):
 torch.library.register_autograd(
     "vclassic::shift", lambda ctx, grad: (grad, None), setup_context=lambda ctx, i, o: None)
 """
-CLASSIC_CHECK = "opmagic.check_op(torch.ops.vclassic.shift.default, (torch.randn(3), 0.5))"
+# the op's CUDA kernel, a .cu as a CUDAExtension builds it: only CUDA builds of the package have it
+CUDA_SOURCE = """%%cuda_kernel
+#include <torch/library.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+
+__global__ void shift_kernel(const float* x, float* out, float amount, int64_t n) {
+  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = x[i] + amount;
+}
+
+at::Tensor shift_cuda(const at::Tensor& x, double amount) {
+  at::Tensor input = x.contiguous();
+  at::Tensor out = at::empty_like(input);
+  int64_t n = input.numel();
+  shift_kernel<<<(n + 255) / 256, 256>>>(
+      input.data_ptr<float>(), out.data_ptr<float>(), static_cast<float>(amount), n);
+  return out;
+}
+
+TORCH_LIBRARY_IMPL(vclassic, CUDA, m) {
+  m.impl("shift", &shift_cuda);
+}
+"""
+CLASSIC_CHECK = """opmagic.check_op(torch.ops.vclassic.shift.default, (torch.randn(3), 0.5))
+if torch.cuda.is_available():  # a GPU machine: the CUDA kernel is checked (and tested) too
+    opmagic.check_op(torch.ops.vclassic.shift.default, (torch.randn(3, device="cuda"), 0.5))
+"""
 
 
 @pytest.fixture(scope="module")
 def classic(ipython, build_cache, tmp_path_factory) -> Iterator[Exported]:
-    _session(ipython, ["import torch\nimport opmagic", CLASSIC_SOURCE, CLASSIC_PYTHON,
-                       CLASSIC_CHECK])
+    cells = [CLASSIC_SOURCE, CUDA_SOURCE, CLASSIC_PYTHON, CLASSIC_CHECK]
+    _session(ipython, ["import torch\nimport opmagic", *cells])
     try:
         export = opmagic.export(tmp_path_factory.mktemp("classic") / "pkg", "vclassic_ops")
     finally:
@@ -190,6 +218,11 @@ def test_a_classic_cell_builds_with_what_opmagic_gave_it_made_explicit(classic) 
     assert classic.export.abi == "classic"
     setup = (classic.export.directory / "setup.py").read_text()
     assert "py_limited_api" not in setup and '"-O3",' in setup
+    # the CUDA cell: a file of its own, built only where torch has CUDA and nvcc is there
+    cuda = (classic.export.directory / "vclassic_ops" / "csrc" / "cuda" / "vclassic_2.cu")
+    assert "TORCH_LIBRARY_IMPL(vclassic, CUDA, m)" in cuda.read_text()
+    assert '    if USE_CUDA:\n        built += [\n            CUDAExtension(' in setup
+    assert '"vclassic_ops._C_vclassic_2",' in setup
 
 
 def test_a_classic_session_installs_and_its_tests_pass_without_opmagic(classic) -> None:
@@ -199,7 +232,22 @@ def test_a_classic_session_installs_and_its_tests_pass_without_opmagic(classic) 
     assert "abi3" not in verification.wheel
     assert "stable ABI" not in _steps(verification)
     tests = next(step for step in verification.steps if step.name == "tests")
-    assert tests.detail.startswith("3 passed")  # opcheck, compile, schemas
+    if not torch.cuda.is_available():
+        assert tests.detail.startswith("3 passed")  # opcheck, compile, schemas
+        isolation = next(step for step in verification.steps if step.name == "without opmagic")
+        assert isolation.detail.endswith("(loaded: _C_vclassic)")  # no CUDA library here
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_cuda_cell_is_built_and_its_samples_run(classic) -> None:
+    if not torch.cuda.is_available() or torch.version.cuda is None:
+        pytest.skip("needs an NVIDIA GPU, a CUDA build of torch and nvcc")
+    verification = classic.verification
+    assert verification.passed, str(verification)
+    isolation = next(step for step in verification.steps if step.name == "without opmagic")
+    assert isolation.detail.endswith("(loaded: _C_vclassic, _C_vclassic_2)")
+    tests = next(step for step in verification.steps if step.name == "tests")
+    assert tests.detail.startswith("4 passed")  # opcheck on cpu and cuda, compile, schemas
 
 
 # ---------------------------------------------------------------- stable ABI
