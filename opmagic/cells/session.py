@@ -306,7 +306,8 @@ class Session:
         self._cell_run: CellRun | None = None
         self._kept_runs: dict[str, CellRun] = {}
         self._failed_runs: dict[str, CellRun] = {}
-        self._replaced_runs: dict[str, tuple[CellRun, str]] = {}
+        # by cell place: a cell re-run again and again without a cell id is listed once
+        self._replaced_runs: dict[int, tuple[CellRun, str]] = {}
         self._emptied_by: dict[str, str] = {}
         self._rerun_keys: list[str] = []
         self._orders = itertools.count(1)
@@ -792,7 +793,9 @@ class Session:
             earlier = self._kept_runs.pop(key, None)
             if earlier is not None:
                 run.order = min(run.order, earlier.order)
-                self._replaced_runs[key] = (earlier, run.label)
+                # what the listing needs of it: its label and place, not its samples
+                stub = CellRun(earlier.key, earlier.label, earlier.order, earlier.sources)
+                self._replaced_runs[earlier.order] = (stub, run.label)
             self._failed_runs.pop(key, None)
         self._kept_runs[run.key] = run
         self._failed_runs.pop(run.key, None)
@@ -806,6 +809,7 @@ class Session:
         message = str(error).strip().splitlines() if error is not None else []
         kind = type(error).__name__ if error is not None else "the cell failed"
         run.error = f"{kind}: {message[0]}" if message else kind
+        run.checks.clear()  # a failed run's checks make no test: let their samples go
         self._failed_runs[run.key] = run
 
     def _applied(self) -> Iterator[tuple[CellRecord, library_hooks.Registration]]:

@@ -9,7 +9,6 @@ result, :class:`Export`, says what was written and what was left out, and
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import keyword
 import os
 import re
@@ -178,6 +177,12 @@ def export(
         files[f"{name}/ops.py"] = python.text
     write_package(directory, files, replace=overwrite)
     notes = [*(python.notes if python else ()), *dependency_notes, *tests.notes]
+    notes += [
+        f"cell {source.label} includes headers from {', '.join(source.include_dirs)}: the "
+        "package builds where that is; copy the headers into its csrc/ to ship them"
+        for source in natives
+        if source.include_dirs
+    ]
     notes += [f"cell {e.label}: {u}" for e in history for u in e.unkept]
     return Export(
         directory=directory,
@@ -252,6 +257,8 @@ def _needed_modules() -> frozenset[str]:
     """Modules a package must not be named like: the standard library's, torch's, its
     requirements', and the tools that build and test the package (read once: installed
     distributions take a moment to list)."""
+    import importlib.metadata
+
     modules = set(sys.stdlib_module_names) | {"torch", "torchgen", "functorch", *_TOOLS}
     wanted = {"torch"}
     for requirement in importlib.metadata.requires("torch") or ():

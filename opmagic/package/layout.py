@@ -19,7 +19,6 @@ it, which then takes its place.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import shutil
@@ -52,6 +51,8 @@ def dependencies(
     requirements = [f"torch=={version}" if classic else f"torch>={minor}"]
     notes = []
     if python is not None:
+        import importlib.metadata  # listing distributions takes a moment: only when exporting
+
         distributions = importlib.metadata.packages_distributions()
         for module in sorted(python.imports - {"torch", name}):
             if standard_library(module):

@@ -90,8 +90,9 @@ def generated_tests(
             extra = ""
             if run.kind == "compare":
                 extra = f", {run.details.get('rtol')!r}, {run.details.get('atol')!r}"
-            elif run.kind == "opcheck" and run.details.get("test_utils"):
-                extra = f", {tuple(run.details['test_utils'])!r}"
+            elif run.kind == "opcheck":
+                test_utils = run.details.get("test_utils")
+                extra = f", {tuple(test_utils)!r}" if test_utils else ", None"
             cases[run.kind].append(_param(run.op, case, run.cell, devices, op, extra))
     for op in operators:
         case = first_sample.get(op.qualname)
@@ -245,12 +246,13 @@ def test_the_operators_have_the_schemas_of_ops_json():
 _TESTS = {
     "opcheck": '''
 
-@pytest.mark.parametrize("op, case", [
+@pytest.mark.parametrize("op, case, test_utils", [
 {params}
 ])
-def test_opcheck(op, case):
+def test_opcheck(op, case, test_utils):
     args, kwargs = _sample(case)
-    torch.library.opcheck(_op(op), args, kwargs)
+    chosen = {{"test_utils": test_utils}} if test_utils else {{}}  # the checks the notebook ran
+    torch.library.opcheck(_op(op), args, kwargs, **chosen)
 ''',
     "gradcheck": '''
 

@@ -77,9 +77,11 @@ def export_html(export: Export) -> str:
 def verification_text(result: Verification) -> str:
     """A line per step (outcome, time, what it found), a failed step's log below it."""
     lines = fitted([f"{result.name}: {result.summary}"])
+    width = max((len(step.name) for step in result.steps), default=0)
     for step in result.steps:
-        lines += aligned([(step.status, f"{step.seconds:5.1f} s", step.name, step.detail)], "  ")
-        if step.log:
+        row = f"  {step.status:<4}  {step.seconds:5.1f} s  {step.name:<{width}}  {step.detail}"
+        lines += fitted([row])
+        if step.log:  # a log keeps its lines whole: it is the tool's own output
             lines += ["    " + line for line in step.log.splitlines()]
     if result.wheel:
         lines += fitted([f"  wheel: {result.directory / 'dist' / result.wheel}"])

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import ast
 import io
+import json
+import os
+import subprocess
+import sys
 
+import pytest
 import torch
 
 from opmagic.cells.history import CheckRun, CheckSample
@@ -47,7 +52,9 @@ def test_every_sample_is_a_case_and_every_op_with_a_fake_and_a_sample_compiles()
     assert "pytest.param('gen::f.default', 'opcheck-2', ('test_schema',)" in tests.module
     assert "pytest.param('gen::g', 'compare-3', 0.001, 1e-05, id='g-cell5-3', " \
            "marks=[_CUDA_BUILD])" in tests.module
-    assert "pytest.param('gen::f.default', 'opcheck-1', id='f.default-cell2-1')" in tests.module
+    assert "pytest.param('gen::f.default', 'opcheck-1', None, id='f.default-cell4-1')" in (
+        tests.module
+    )
 
 
 def test_the_samples_load_with_weights_only_and_keep_devices_and_requires_grad() -> None:
@@ -77,3 +84,55 @@ def test_a_cuda_sample_skips_without_a_cuda_device() -> None:
     # no CUDA tensor can be made here: the case line of a sample whose tensor was on cuda:0
     line = _param("gen::f.default", "opcheck-1", "[4]", ["cuda:0", "cpu"], OPERATORS[0], "")
     assert line.endswith("marks=[_needs('cuda')]),")
+
+
+PACKAGE_INIT = '''"""A package defining gen_run::plus_one as an export would."""
+import torch
+
+LOADED = ()
+CUDA_BUILD = False
+
+
+@torch.library.custom_op("gen_run::plus_one", mutates_args=())
+def plus_one(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+plus_one.register_fake(lambda x: torch.empty_like(x))
+plus_one.register_autograd(lambda ctx, grad: grad, setup_context=lambda ctx, inputs, output: None)
+'''
+
+
+@pytest.mark.slow
+def test_the_generated_tests_run_and_a_wrong_expectation_fails(tmp_path) -> None:
+    operator = Operator(
+        "gen_run::plus_one", "gen_run::plus_one(Tensor x) -> Tensor", "[2]", "ops.py", True
+    )
+    x = torch.randn(4, requires_grad=True)
+    runs = [
+        CheckRun("opcheck", "gen_run::plus_one.default", (CheckSample((x,)),), {}, "[3]"),
+        CheckRun("opcheck", "gen_run::plus_one.default", (CheckSample((x.detach(),)),),
+                 {"test_utils": ("test_schema", "test_faketensor")}, "[3]"),
+        CheckRun("gradcheck", "gen_run::plus_one.default", (CheckSample((x,)),), {}, "[3]"),
+        CheckRun("compare", "gen_run::plus_one", (
+            CheckSample((x.detach(),), {}, x.detach() + 1, (x.detach(),)),
+            CheckSample((x.detach(),), {}, x.detach() + 2, (x.detach(),)),  # a wrong one
+        ), {"reference": "f", "rtol": None, "atol": None}, "[4]"),
+    ]
+    tests = generated_tests("gen_run_pkg", [operator], runs)
+    (tmp_path / "gen_run_pkg").mkdir()
+    (tmp_path / "gen_run_pkg" / "__init__.py").write_text(PACKAGE_INIT)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_ops.py").write_text(tests.module)
+    (tmp_path / "tests" / "samples.pt").write_bytes(tests.samples)
+    snapshot = {"operators": [{"name": operator.name, "schema": operator.schema,
+                               "cuda_only": False}]}
+    (tmp_path / "ops.json").write_text(json.dumps(snapshot))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=tmp_path, capture_output=True, text=True, check=False, timeout=900,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    )
+    summary = run.stdout.strip().splitlines()[-1]
+    assert "1 failed, 6 passed" in summary, run.stdout[-3000:]
+    assert "FAILED tests/test_ops.py::test_matches_the_reference[plus_one-cell4-5]" in run.stdout
