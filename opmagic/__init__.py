@@ -57,6 +57,7 @@ from .errors import (
     CompareError,
     CompileError,
     CudaToolkitError,
+    ExportError,
     ForeignOperatorError,
     LoadError,
     NoGPUError,
@@ -81,6 +82,7 @@ from .native import (
     precompile_headers,
 )
 from .native.triton import TritonLaunch
+from .package import Export, Verification, export
 from .verify import (
     CaseResult,
     CheckReport,
@@ -156,6 +158,8 @@ __all__ = [
     "DispatchSnapshot",
     "DispatchTable",
     "DoctorSampleError",
+    "Export",
+    "ExportError",
     "Finding",
     "ForeignOperatorError",
     "KernelRow",
@@ -192,6 +196,7 @@ __all__ = [
     "UnknownDispatchKeyError",
     "UnknownOperatorError",
     "ValueSummary",
+    "Verification",
     "active_session",
     "cdiv",
     "check_op",
@@ -206,6 +211,7 @@ __all__ = [
     "dispatch_table",
     "doctor",
     "explore",
+    "export",
     "kernels",
     "key_info",
     "precompile_headers",
