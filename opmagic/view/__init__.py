@@ -37,6 +37,7 @@ DRAWS: dict[str, tuple[str, ...]] = {
         "opmagic.dispatch.diff.result.OpTableDiff",
         "opmagic.dispatch.diff.state.DispatchSnapshot",
     ),
+    "doctor": ("opmagic.verify.doctor.result.Diagnosis",),
     "library": ("opmagic.errors.CompileError", "opmagic.native.library.LoadedLibrary"),
     "resolution": ("opmagic.dispatch.resolve.result.Resolution",),
     "table": ("opmagic.dispatch.table.DispatchTable", "opmagic.dispatch.table.OverloadTables"),
