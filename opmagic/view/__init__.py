@@ -42,9 +42,11 @@ DRAWS: dict[str, tuple[str, ...]] = {
     "resolution": ("opmagic.dispatch.resolve.result.Resolution",),
     "table": ("opmagic.dispatch.table.DispatchTable", "opmagic.dispatch.table.OverloadTables"),
     "trace": (
+        "opmagic.dispatch.trace.compare.TraceComparison",
         "opmagic.dispatch.trace.result.Surprises",
         "opmagic.dispatch.trace.result.Trace",
         "opmagic.dispatch.trace.result.TracedCall",
+        "opmagic.dispatch.trace.result.TracedGroup",
     ),
     "triton": ("opmagic.cells.triton_op.TritonOpResult", "opmagic.native.triton.TritonLaunch"),
 }
