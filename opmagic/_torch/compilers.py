@@ -7,6 +7,7 @@ What the doctor runs an op through; one thin function per private call.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from types import CodeType
 from typing import Any
@@ -77,6 +78,19 @@ def forget_compiled_code(code: CodeType) -> None:
     import torch._dynamo
 
     torch._dynamo.reset_code(code)
+
+
+def forget_all_compiled_code() -> None:
+    """Drop the code torch.compile made so far, so that every compiled function traces again
+    (``torch._dynamo.reset_code_caches``); a no-op until torch.compile was first used.
+
+    Dynamo guards a compiled call on the identity of the OpOverloads it saw; an operator
+    whose definition is taken over in place keeps them, so code compiled with its previous
+    kernels and fake impl would keep running.
+    """
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset_code_caches()
 
 
 def compiled_entries(code: CodeType) -> int:

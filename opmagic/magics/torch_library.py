@@ -17,7 +17,7 @@ from IPython.core.magic_arguments import magic_arguments
 from IPython.display import display
 
 from ..cells.session import CellIdentity, active_session
-from ..errors import CompileError, OpmagicError
+from ..errors import CompileError, OpmagicError, RegistrationError
 from ..native import BuildProgress, LoadedLibrary, compile_library, stderr_progress
 from .arguments import (
     BUILD_OPTIONS,
@@ -74,13 +74,25 @@ def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]
     previous = session.superseded(LoadedLibrary, identity)
     in_notebook = getattr(shell, "kernel", None) is not None
     progress = _DisplayProgress() if in_notebook else stderr_progress
-    try:
-        library = build(
+
+    def attempt() -> LoadedLibrary:
+        return build(
             replace=previous,
             label=f"cell [{running_cell_number(shell)}]",
             first_line=CELL_BODY_FIRST_LINE,
             progress=progress,
         )
+
+    try:
+        try:
+            library = attempt()
+        except RegistrationError as error:
+            # kernels of other cells (a fake impl) keep an operator whose kernel signatures
+            # the edit changed: drop them, as redefining the operator does, and try again
+            defined = {op.name.partition(".")[0] for op in previous.operators} if previous else ()
+            if not (error.signature_changed and session.drop_registrations_on(defined)):
+                raise
+            library = attempt()
     except CompileError as error:
         if in_notebook:  # the errors at their lines, the log folded; no traceback after it
             progress.show(error)
