@@ -314,13 +314,7 @@ def compile_unit(
             "-include",
             str(prefix.header),
             *(flag for header in extra_includes for flag in ("-include", header)),
-            "-MD",
-            "-MF",
-            f"{stem}.d",
-            "-c",
-            source_name,
-            "-o",
-            f"{stem}.o",
+            *output_flags(source_name, f"{stem}.o", f"{stem}.d"),
         ]
         compiled = run_step(
             command, cwd=scratch, stopwatch=stopwatch, env=compile_env(toolchain, cache)
@@ -329,6 +323,12 @@ def compile_unit(
             break
     prefix.start_pending(cache)
     return CompiledUnit(compiled, prefix, f"{stem}.o", f"{stem}.d")
+
+
+def output_flags(source_name: str, object_name: str, deps_name: str) -> list[str]:
+    """The flags that compile ``source_name`` into ``object_name``, listing every file the
+    compiler read in ``deps_name`` (``-MD``: what the cache checks before reusing a build)."""
+    return ["-MD", "-MF", deps_name, "-c", source_name, "-o", object_name]
 
 
 def link(
