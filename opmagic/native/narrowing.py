@@ -29,7 +29,8 @@ UMBRELLA_HEADERS = ("torch/extension.h", "torch/torch.h", "torch/all.h")
 # what stands for them first: tensors, every ATen function, torch::'s factories, registration
 NARROW_HEADERS = ("torch/types.h", "torch/library.h")
 # parts of the C++ API the narrow headers leave out, as sources name them: ``torch::nn::``,
-# ``nn::Linear``, ``torch::NoGradGuard`` (a source naming one is compiled in full at once)
+# ``nn::Linear``, ``torch::NoGradGuard`` (a source naming one is compiled in full at once;
+# ``at::cuda::`` or ``std::data`` are other namespaces' names)
 FULL_ONLY_NAMES = frozenset(
     {
         "autograd",
@@ -91,10 +92,12 @@ def narrowable(source: str) -> bool:
 
 
 def _scoped(tokens: list, index: int) -> bool:
-    """Whether the identifier at ``index`` is a scope (``nn::``) or in torch's (``torch::nn``)."""
+    """Whether the identifier at ``index`` is torch's (``torch::nn``) or an unqualified scope
+    (``nn::Linear`` after ``using namespace torch``); another namespace's (``at::cuda::``,
+    ``std::data``) is not."""
     after = tokens[index + 1].text if index + 1 < len(tokens) else ""
     before = [t.text for t in tokens[max(0, index - 2) : index]]
-    return after == "::" or before == ["torch", "::"]
+    return before == ["torch", "::"] or (after == "::" and before[-1:] != ["::"])
 
 
 def narrow_include_dir(cache: BuildCache) -> Path:

@@ -63,6 +63,9 @@ def test_sources_of_tensors_and_registrations_are_narrowed(umbrella: str) -> Non
     source = _extension_source("n").replace("torch/extension.h", umbrella)
     assert narrowable(source)
     assert narrowable(source + '\nconst char* text = "torch::nn:: py:: #ifdef";  // nn::Linear\n')
+    # other namespaces' names like the frontend's: the source includes what declares them
+    other = "#include <ATen/cuda/CUDAContext.h>\nauto s = at::cuda::getCurrentCUDAStream();\n"
+    assert narrowable(source + other + "auto n = std::data(std::vector<int>{});\n")
 
 
 @pytest.mark.parametrize("what", FULL_HEADER_SOURCES)
