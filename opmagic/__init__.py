@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import view  # noqa: F401  (importing it registers the renderers)
+from . import view  # noqa: F401  (importing it says which view module draws each result type)
 from .cells.cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
 from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .cells.session import Session, SessionReport, active_session, registration_site

@@ -15,7 +15,9 @@ CPU time nothing else wants), and builds parse the headers themselves until it i
 
 A source gets the smallest set whose headers (with everything they include) cover (nearly)
 everything the source's torch includes pull in; those ``#include`` lines then cost nothing.
-A stable-ABI source gets the stable set: its prefix holds no classic torch header.
+A stable-ABI source gets the stable set: its prefix holds no classic torch header. A source
+compiled with ``torch/extension.h`` narrowed (:mod:`opmagic.native.narrowing`) counts as
+including the narrow headers in its place.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from ..cachedir import (
 from ..errors import OpmagicError
 from .blocks import scan_blocks
 from .compiler import run_step
+from .narrowing import NARROW_HEADERS, UMBRELLA_HEADERS, narrowable
 from .options import DEFAULT_OPT_LEVEL, BuildOptions, normalise_opt_level
 from .toolchain import Toolchain, find_toolchain
 
@@ -89,6 +92,8 @@ HEADER_SETS = (
     ),
     # what an operator library needs: registration, Tensor, a factory function
     HeaderSet("core", ("torch/library.h", "ATen/core/Tensor.h", "ATen/ops/empty.h")),
+    # every ATen function and torch::'s factories: torch/extension.h narrowed (narrowing.py)
+    HeaderSet("types", NARROW_HEADERS),
     # the C++ frontend: autograd functions, every ATen op, nn, optim
     HeaderSet("all", ("torch/all.h", "torch/library.h", "ATen/Operators.h")),
     # the setup.py extension header: torch/all.h plus Python and pybind11
@@ -185,21 +190,26 @@ def choose_header_set(
     flags: list[str],
     cache: BuildCache,
     search_flags: Sequence[str] = (),
+    narrow: bool = False,
 ) -> HeaderSet:
     """The smallest header set that leaves at most :data:`MAX_UNCOVERED_FILES` of the files
     ``source``'s torch includes pull in to be parsed on each build.
 
     A bigger set costs more per build even when precompiled (its templates are instantiated
-    in every compile: about 1.4 s for core, 5.7 s for all, 7.5 s for extension), so a few
-    uncovered headers are cheaper than the next set. When no set is close enough, the one
-    leaving the fewest files uncovered. ``search_flags`` (e.g. CUDA's include directories)
-    let the source's own includes be found. A source whose includes are all among a set's
-    own headers gets that set at once (no include closure to compute: the first build on an
-    empty cache does not pay for it). Only stable-ABI sources get the stable set.
+    in every compile: about 1.4 s for core, 2.7 s for types, 5.7 s for all, 7.5 s for
+    extension), so a few uncovered headers are cheaper than the next set. When no set is
+    close enough, the one leaving the fewest files uncovered. ``search_flags`` (e.g. CUDA's
+    include directories) let the source's own includes be found. A source whose includes are
+    all among a set's own headers gets that set at once (no include closure to compute: the
+    first build on an empty cache does not pay for it). Only stable-ABI sources get the
+    stable set. ``narrow``: the source's umbrella headers stand for the narrow headers.
     """
     stable_only = preamble_flavours(source) == ("stable",)
     candidates = [s for s in HEADER_SETS if stable_only or s.name != "stable"]
     wanted = included_torch_headers(source, toolchain)
+    if narrow:
+        others = tuple(h for h in wanted if h not in UMBRELLA_HEADERS)
+        wanted = tuple(sorted({*others, *NARROW_HEADERS}))
     if not wanted:
         return candidates[0]
     for header_set in candidates:
@@ -252,8 +262,10 @@ def prepare_prefix(
     force: bool,
     search_flags: Sequence[str] = (),
     wait: bool = False,
+    narrow: bool = False,
 ) -> Prefix:
-    """The prefix header for ``source``, precompiled when its precompiled form is there.
+    """The prefix header for ``source``, precompiled when its precompiled form is there
+    (``narrow``: for the source compiled with its umbrella headers narrowed).
 
     A missing precompiled header is built in the background for later builds, started by
     :meth:`Prefix.start_pending` once this build is compiled (``wait``: built now, or waited
@@ -271,7 +283,7 @@ def prepare_prefix(
     """
     flavours = preamble_flavours(source)
     header_set = (
-        choose_header_set(source, toolchain, flags, cache, search_flags)
+        choose_header_set(source, toolchain, flags, cache, search_flags, narrow)
         if precompile and toolchain.is_gcc
         else None
     )
@@ -388,10 +400,12 @@ def _remember_use(cache: BuildCache, header_set: HeaderSet, flavours: tuple[str,
         write_atomic(_used_file(cache), json.dumps([*used, (header_set.name, flavours)]))
 
 
-# what precompile_headers warms in a cache no build has used yet
+# what precompile_headers warms in a cache no build has used yet (the types set: what
+# torch/extension.h sources are compiled with first)
 FIRST_WARM_UP: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stable", ("stable",)),
     ("core", ("classic",)),
+    ("types", ("classic",)),
 )
 
 
@@ -406,7 +420,7 @@ def precompile_headers(
 
     ``opt_level`` and ``extra_cflags`` as the builds will have them (they select the
     precompiled header). Without ``sources``: every header set builds in this cache have
-    used (on a new cache, the stable-ABI and core sets), with the default flags.
+    used (on a new cache, the stable-ABI, core and types sets), with the default flags.
     ``wait=False`` does it in a background process of low priority (``%load_ext opmagic``
     starts it so: the first cell then finds the headers precompiled, or compiles without
     them while they are), ``wait=True`` before returning. Headers already precompiled cost
@@ -444,6 +458,7 @@ def precompile_headers(
                 precompile=True,
                 force=False,
                 wait=wait,
+                narrow=narrowable(options.source),
             )
             prefix.start_pending(cache)
         return
