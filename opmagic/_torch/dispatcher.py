@@ -16,6 +16,11 @@ import torch
 
 _C = torch._C
 
+# The classes of ``torch.ops.ns.name`` (a packet) and ``torch.ops.ns.name.overload``: torch
+# exports them from a private module only.
+OpOverload = torch._ops.OpOverload
+OpOverloadPacket = torch._ops.OpOverloadPacket
+
 
 # ---------------------------------------------------------------- dispatch keys
 
@@ -258,12 +263,12 @@ def operator_parts(op: Any) -> tuple[str, str, str | None] | None:
     """``(namespace, name, overload)`` of an OpOverload (``""``: the default overload), of an
     OpOverloadPacket (overload ``None``) or of what ``custom_op`` returns; else ``None``."""
     custom = getattr(op, "_opoverload", None)
-    if isinstance(custom, torch._ops.OpOverload):
+    if isinstance(custom, OpOverload):
         op = custom
-    if isinstance(op, torch._ops.OpOverload):
+    if isinstance(op, OpOverload):
         namespace, name = op._schema.name.split("::", 1)
         return namespace, name, op._schema.overload_name
-    if isinstance(op, torch._ops.OpOverloadPacket):
+    if isinstance(op, OpOverloadPacket):
         namespace, name = op._qualified_op_name.split("::", 1)
         return namespace, name, None
     return None
