@@ -1,4 +1,4 @@
-"""Fixtures shared by the test packages."""
+"""Fixtures shared by the test packages, and the sample of each matrix the fast loop runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,24 @@ import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
 
+from .matrix import in_sample
 from .shell import Cells, warm_up_torch
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``exhaustive`` every case of a ``matrix`` test outside its fast-loop sample
+    (:func:`tests.matrix.in_sample`), each test function's cases in collection order."""
+    cases: dict[tuple[Path, str], list[pytest.Item]] = {}
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        if spec is not None and item.get_closest_marker("matrix") is not None:
+            cases.setdefault((item.path, item.originalname), []).append(item)
+    for function_cases in cases.values():
+        chosen = in_sample([case.callspec.params for case in function_cases])
+        for case, keep in zip(function_cases, chosen, strict=True):
+            if not keep:
+                case.add_marker(pytest.mark.exhaustive)
 
 
 @pytest.fixture(scope="session")

@@ -54,3 +54,27 @@ def test_every_file_the_package_reads_is_package_data():
         if path.is_file() and path.suffix not in {".py", ".pyc"}
     }
     assert files <= shipped, sorted(files - shipped)
+
+
+def test_the_fast_loop_samples_every_value_of_a_matrix():
+    """The sample of a kernel sets x inputs x contexts matrix gives each parameter each of its
+    values, keeps one case in SAMPLE_EVERY besides, and is the same on every run."""
+    import itertools
+
+    from .matrix import SAMPLE_EVERY, in_sample
+
+    keys = [["CPU"], ["CPU", "Autograd"], ["Meta"], ["CPU", "Meta", "Autograd"]]
+    cases = [
+        {"context": context, "inputs": inputs, "keys": kernels}
+        for context, inputs, kernels in itertools.product(
+            ["plain", "no_grad", "autocast", "vmap", "FakeTensorMode"], ["cpu", "meta", "sparse"],
+            keys,
+        )
+    ]
+    chosen = in_sample(cases)
+    sample = [case for case, keep in zip(cases, chosen, strict=True) if keep]
+    for name in ("context", "inputs", "keys"):
+        assert {repr(case[name]) for case in sample} == {repr(case[name]) for case in cases}
+    assert all(chosen[::SAMPLE_EVERY])
+    assert len(sample) < len(cases) / 3
+    assert in_sample(cases) == chosen
