@@ -12,10 +12,14 @@ registers renderers for the types it draws, per *form*, with :func:`renders`:
 
 Renderers are looked up along the type's MRO, as IPython's ``formatters.for_type`` does, so a
 subclass is drawn like its base unless a view registers something for it.
+
+Every duration a user reads (a build's, a trace's, a comparison's) is written by
+:func:`format_duration`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -45,6 +49,24 @@ def renderer_for(obj: Any, form: str) -> Renderer | None:
     return None
 
 
+def format_duration(seconds: float | None, digits: int = 3) -> str:
+    """A duration for people, in the unit that fits and to ``digits`` significant digits,
+    trailing zeros dropped: ``"850 ns"``, ``"12.3 µs"``, ``"1.2 ms"``, ``"9.6 s"``, ``"63 s"``;
+    ``"-"`` for None (not measured)."""
+    if seconds is None:
+        return "-"
+    for unit, scale in (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)):
+        value = seconds / scale
+        if abs(value) < 999.5 or unit == "s":
+            break
+    magnitude = math.floor(math.log10(abs(value))) if value else 0
+    decimals = max(digits - 1 - magnitude, 0)
+    text = f"{value:.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return f"{text} {unit}"
+
+
 class NoRendererError(LookupError):
     """A view was asked of an object no view module registered that form for."""
 
@@ -59,7 +81,7 @@ class Displayable:
         # dataclass does) unless that class defines _repr_pretty_ itself: give each one ours.
         super().__init_subclass__(**kwargs)
         if "_repr_pretty_" not in vars(cls):
-            cls._repr_pretty_ = Displayable._repr_pretty_
+            setattr(cls, "_repr_pretty_", Displayable._repr_pretty_)  # noqa: B010
 
     def view(self, form: str, **options: Any) -> Any:
         """The ``form`` view of this object (``"diagram"``, ``"frame"``, ...), with options."""

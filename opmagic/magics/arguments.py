@@ -46,7 +46,7 @@ class Option:
         """The value the option has when the command line leaves it out."""
         if "default" in self.spec:
             return self.spec["default"]
-        return {"store_true": False, "store_false": True}.get(self.spec.get("action"))
+        return {"store_true": False, "store_false": True}.get(self.spec.get("action", ""))
 
 
 def with_options(bundle: tuple[Option, ...]) -> Callable[[_F], _F]:
@@ -68,8 +68,9 @@ def add_options(parser: argparse.ArgumentParser, bundle: tuple[Option, ...]) -> 
         parser.add_argument(*option.flags, **option.spec)
 
 
-def parse_options(magic: Callable[..., Any], line: str) -> argparse.Namespace:
-    """A magic's parsed option line (``@magic_arguments``), split as a shell would.
+def parse_options(magic: Any, line: str) -> argparse.Namespace:
+    """A magic's parsed option line, split as a shell would (``magic`` is under
+    ``@magic_arguments()``, which gives it its ``parser``).
 
     Quotes group a value and are removed (``--cflags="-DA=1 -DB=2"``, ``-I "/dir with
     space"``); a trailing ``# comment`` is left out, as in Python, so that a line can carry a

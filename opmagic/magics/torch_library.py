@@ -12,16 +12,17 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import cell_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
 from IPython.display import display
 
+from ..cachedir import ProgressCallback
 from ..cells.session import CellIdentity, active_session
 from ..errors import CompileError, OpmagicError
 from ..native import BuildProgress, LoadedLibrary, compile_library, stderr_progress
 from .arguments import BUILD_OPTIONS, COMPARE_OPTIONS, build_keywords, parse_options, with_options
 from .compare import compare_cell
-from .context import magic_context
+from .context import ShellMagics, magic_context
 from .session import running_cell_number
 
 CELL_BODY_FIRST_LINE = 2  # line 1 of a %%torch_library cell is the magic line
@@ -65,7 +66,7 @@ def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]
     identity = CellIdentity.of_source(cell)
     previous = session.superseded(LoadedLibrary, identity)
     in_notebook = getattr(shell, "kernel", None) is not None
-    progress = _DisplayProgress() if in_notebook else stderr_progress
+    progress: ProgressCallback = _DisplayProgress() if in_notebook else stderr_progress
     try:
         library = build(
             replace=previous,
@@ -74,8 +75,8 @@ def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]
             progress=progress,
         )
     except CompileError as error:
-        if in_notebook:  # the errors at their lines, the log folded; no traceback after it
-            progress.show(error)
+        if isinstance(progress, _DisplayProgress):  # in a notebook: the errors at their lines,
+            progress.show(error)  # the log folded; no traceback after it
             error.displayed = True
         raise
     library = dataclasses.replace(library, notes=tuple(session.displaced()))
@@ -83,7 +84,7 @@ def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]
 
 
 @magics_class
-class TorchLibraryMagics(Magics):
+class TorchLibraryMagics(ShellMagics):
     """The ``%%torch_library`` cell magic."""
 
     @magic_arguments()

@@ -402,7 +402,7 @@ def publish(
         leftovers = [unit.object_name, *leftovers]
     log = "\n".join(step.output for step in steps if step.output.strip())
     compile_seconds = sum(s.seconds for s in steps[:-1]) - device_seconds
-    record = {
+    record: dict[str, Any] = {
         "header_set": header_set.name if header_set else None,
         "precompiled": precompiled,
         "commands": [step.command_line for step in steps],

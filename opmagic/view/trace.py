@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import graphviz
 
 from ..dispatch.trace import Surprises, Trace, TracedCall
-from ..display import Displayable, renders
+from ..display import Displayable, format_duration, renders
 from .diagram import Diagram, dot_label
 from .layout import wrap
 from .style import FAIL_COLOUR, KIND_COLOURS, KIND_FILLS, styled
@@ -29,22 +29,14 @@ DIAGRAM_CALLS = 150  # calls a diagram draws before it says how many it left out
 ARROW = " → "
 
 
-def _time(ns: int) -> str:
-    """A duration for people: ``12 µs``, ``1.3 ms``, ``2.1 s``."""
-    if ns < 1_000_000:
-        return f"{ns / 1000:.0f} µs"
-    if ns < 1_000_000_000:
-        return f"{ns / 1e6:.2f} ms"
-    return f"{ns / 1e9:.2f} s"
-
-
 def _headline(trace: Trace) -> list[str]:
     """The summary line, then what the traced code raised (on its own line so it reads whole)."""
     total = len(trace)
     made = len(trace.calls)
     text = (
         f"trace: {total} operator call{'s' if total != 1 else ''} ({made} made by the traced "
-        f"code itself), {_time(trace.time_ns)} (tracing added {_time(trace.overhead_ns)})"
+        f"code itself), {format_duration(trace.time_ns / 1e9)} "
+        f"(tracing added {format_duration(trace.overhead_ns / 1e9)})"
     )
     if trace.exception is None:
         return [text]
@@ -93,7 +85,7 @@ def calls_text(calls: Sequence[TracedCall], width: int | None = None) -> list[st
     name_width = min(max(len(name) for name, _ in rows), max(24, width // 3))
     lines = []
     for name, call in rows:
-        time = _time(call.time_ns).rjust(9)
+        time = format_duration(call.time_ns / 1e9).rjust(9)
         middle_width = max(10, width - name_width - len(time) - 4)
         middle = ARROW.join(call.path) or "(no kernel ran)"
         middle = f"{middle}  [{_short_kind(call.kernel_kind)}]"
@@ -160,7 +152,7 @@ def _call_row(call: TracedCall) -> str:
         f'<span style="color:{colour}" title="{source}">'
         f"[{escape(call.kernel_kind)}]</span> "
         f'<span class="dim">{source}</span> '
-        f'<span class="time">{_time(call.time_ns)}</span>{error}'
+        f'<span class="time">{format_duration(call.time_ns / 1e9)}</span>{error}'
     )
 
 
@@ -268,7 +260,7 @@ class _CallGraph:
         lines = (
             call.op,
             " → ".join(call.path) or "(no kernel ran)",
-            f"{call.kernel_kind}, {_time(call.time_ns)}",
+            f"{call.kernel_kind}, {format_duration(call.time_ns / 1e9)}",
         )
         target.node(
             name,

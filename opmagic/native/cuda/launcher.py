@@ -310,7 +310,7 @@ def _dims(name: str, what: str, value: Any) -> tuple[int, int, int]:
         raise TypeError(
             f"{name}: {what} is a positive int or up to three (x, y, z), got {value!r}."
         )
-    return tuple([*parts, 1, 1][:_MAX_DIMS])  # type: ignore[return-value]
+    return tuple([*parts, 1, 1][:_MAX_DIMS])
 
 
 def _device_of(args: Sequence[Any]) -> int:
@@ -385,7 +385,7 @@ def _argument(
     if parameter.base in ("__half", "half"):
         return ctype(struct.unpack("<H", struct.pack("<e", float(value)))[0])
     if "bfloat16" in parameter.base:
-        bits = torch.tensor(float(value), dtype=torch.bfloat16).view(torch.int16).item()
+        bits = int(torch.tensor(float(value), dtype=torch.bfloat16).view(torch.int16).item())
         return ctype(bits & 0xFFFF)
     return ctype(float(value))
 
