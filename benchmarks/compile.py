@@ -8,7 +8,7 @@ compared with: the tutorial's myadd written with ``#include <torch/extension.h>`
 op with minimal includes and ``no_implicit_headers=True``; PyTorch's current tutorial
 mymuladd on the LibTorch stable ABI, ``no_implicit_headers=True``.
 
-Targets (issue 11), as ratios to the baseline of the same source:
+Targets, as ratios to the baseline of the same source:
 
 - the first cell on an empty cache (no precompiled headers yet: the build starts them in
   the background once it is compiled) is never slower than load_inline: <= 1.0x;

@@ -78,3 +78,22 @@ def test_the_fast_loop_samples_every_value_of_a_matrix():
     assert all(chosen[::SAMPLE_EVERY])
     assert len(sample) < len(cases) / 3
     assert in_sample(cases) == chosen
+
+
+def test_no_internal_issue_numbers_in_what_users_read():
+    """Messages, docstrings, the docs, notebooks and benchmarks speak of features, not of the
+    team's tracker ("issue 12", "(issue 13, class 5)")."""
+    issue = re.compile(r"\bissues?\s*#?\d+", re.I)
+    read = [
+        ROOT / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "notebooks").glob("*.ipynb"),
+        *(ROOT / "opmagic").rglob("*.py"),
+        *(ROOT / "benchmarks").glob("*.py"),
+    ]
+    found = [
+        f"{path.relative_to(ROOT)}: {match.group()}"
+        for path in read
+        for match in issue.finditer(path.read_text())
+    ]
+    assert not found
