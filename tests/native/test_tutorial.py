@@ -16,6 +16,8 @@ import torch
 import opmagic
 from opmagic import LoadedLibrary, compile_library
 
+pytestmark = pytest.mark.slow  # compiles C++
+
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "dispatcher_tutorial.ipynb"
 
 

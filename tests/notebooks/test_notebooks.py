@@ -20,6 +20,7 @@ def test_committed_without_outputs(path: Path) -> None:
             )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_runs_in_a_fresh_kernel(path: Path, run_notebook) -> None:
     """No cell fails but those tagged to (their own tests check what they show)."""
@@ -33,6 +34,7 @@ def test_runs_in_a_fresh_kernel(path: Path, run_notebook) -> None:
     assert not [o for o in outputs if o.output_type == "error"]
 
 
+@pytest.mark.slow
 def test_quickstart_shows_diagrams_kernels_and_the_explorer(run_notebook) -> None:
     notebook = run_notebook("quickstart")
     by_source = {cell.source: cell.outputs for cell in notebook.cells if cell.cell_type == "code"}

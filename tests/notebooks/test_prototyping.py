@@ -13,6 +13,8 @@ from opmagic.view.style import FAIL_FILL
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.slow  # runs a notebook in a kernel
+
 pytest.importorskip("cuda.bindings.nvrtc", reason='needs pip install "opmagic[cuda]"')
 
 PLOT_ARTEFACT = ROOT / "build" / "notebooks" / "prototyping-plot.png"

@@ -7,6 +7,8 @@ import re
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.slow  # runs a notebook in a kernel
+
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.slow  # runs a notebook in a kernel
+
 
 @pytest.fixture(scope="module")
 def outputs(run_notebook) -> dict[str, list]:
