@@ -253,7 +253,8 @@ def test_no_test_holds_a_duration_to_a_budget():
             if not isinstance(node, ast.Assert):
                 continue
             for compare in (n for n in ast.walk(node.test) if isinstance(n, ast.Compare)):
-                if not any(isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in compare.ops):
+                ordering = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+                if not any(isinstance(op, ordering) for op in compare.ops):
                     continue  # a duration recorded and read back is no budget
                 sides = [compare.left, *compare.comparators]
                 budget = any(
