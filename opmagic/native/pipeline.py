@@ -81,15 +81,9 @@ class BuildVariant(Protocol):
         """What about the variant changes the build (part of its cache key)."""
         ...
 
-    def build(
-        self,
-        request: BuildRequest,
-        toolchain: Toolchain,
-        cache: BuildCache,
-        scratch: Path,
-        stopwatch: Stopwatch,
-    ) -> BuildInfo:
-        """Build ``request`` in ``scratch``."""
+    @property
+    def build(self) -> BuildSteps:
+        """How it builds a request in a scratch directory."""
         ...
 
 
