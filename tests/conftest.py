@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,8 +12,20 @@ import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
 
+import opmagic.magics
+
 from .matrix import in_sample
 from .shell import Cells, warm_up_torch
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move everything alive after collection (torch, IPython, the test items) out of the
+    garbage collector's reach: IPython collects at every ``reset()``, which the ``cells``
+    fixture runs after each test, and a full collection of torch's heap costs ~0.3 s. All of
+    it goes back to the collector when the interpreter exits, which finalises only what the
+    collector can reach (Triton's bindings report the rest as leaks)."""
+    gc.freeze()
+    atexit.register(gc.unfreeze)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
@@ -48,12 +62,29 @@ def build_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["XDG_CACHE_HOME"] = previous
 
 
+@pytest.fixture(autouse=True)
+def _slow_tests_build_in_the_run_cache(request: pytest.FixtureRequest) -> None:
+    """A slow test may compile: its builds (and those of the processes it starts) go to the
+    run's private cache (:func:`build_cache`), never to the user's own."""
+    if request.node.get_closest_marker("slow") is not None:
+        request.getfixturevalue("build_cache")
+
+
 @pytest.fixture(scope="session")
-def ipython(build_cache: Path) -> InteractiveShell:
-    """The process's IPython shell, with torch warmed up (``%load_ext opmagic`` precompiles
-    headers in the background: in the run's cache, never in the user's own)."""
+def ipython() -> Iterator[InteractiveShell]:
+    """The process's IPython shell, with torch warmed up.
+
+    ``%load_ext opmagic`` starts no warm-ups in it: they would precompile torch's headers and
+    build trace's observer in the background for every run, which the tests that do not
+    compile never use (the warm-ups have tests of their own, and a build starts the
+    precompile it needs itself).
+    """
     warm_up_torch()
-    return InteractiveShell.instance()
+    shell = InteractiveShell.instance()
+    gc.freeze()  # what the warm-up and the shell made lives as long as the run
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(opmagic.magics, "warm_up", lambda: None)
+        yield shell
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-SAMPLE_EVERY = 20
+SAMPLE_EVERY = 40
 
 
 def in_sample(cases: Sequence[dict[str, Any]], every: int = SAMPLE_EVERY) -> list[bool]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 
@@ -23,6 +22,8 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "dispatcher_tutor
 
 def tutorial_cells() -> list[str]:
     """The C++ sources of the notebook's %%torch_library cells, in order."""
+    import nbformat  # slow to import: only when the tests run
+
     cells = nbformat.read(NOTEBOOK, as_version=4).cells
     return [
         cell.source.split("\n", 1)[1]

@@ -5,12 +5,16 @@ the classic tab replaces the stable one, and unloading removes everything."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 
-import nbformat
 import pytest
 
 from .outputs import cell_text
+
+if TYPE_CHECKING:
+    import nbformat
 
 pytestmark = pytest.mark.slow  # runs a notebook in a kernel
 
