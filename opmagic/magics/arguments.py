@@ -214,11 +214,18 @@ CONTEXT_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         ("--fake",),
-        {"action": "store_true", "help": "resolve under FakeTensorMode, with fake inputs"},
+        {
+            "action": "store_true",
+            "help": "resolve under FakeTensorMode, the tensor arguments converted with "
+            "mode.from_tensor",
+        },
     ),
     Option(
         ("--logging-mode",),
-        {"action": "store_true", "help": "resolve under a logging TorchDispatchMode"},
+        {
+            "action": "store_true",
+            "help": "resolve under a TorchDispatchMode that logs each op",
+        },
     ),
 )
 
@@ -287,14 +294,17 @@ KERNELS_OPTIONS: tuple[Option, ...] = (  # of %kernels and `python -m opmagic ke
         ("-k", "--key"),
         {
             "action": "append",
-            "help": "a runtime key to show (repeat for several; 'all' for every key)",
+            "help": "a runtime key to show (repeat for several; 'all' for every key); default: "
+            "the common backend, autograd, autocast, functorch and Python keys",
         },
     ),
     Option(
         ("-m", "--missing"),
         {
             "metavar": "KEY",
-            "help": "only operators without a kernel of their own for KEY (e.g. Meta)",
+            "help": "only operators without a kernel of their own for KEY (e.g. Meta): no "
+            "kernel, only the backend fallback, a fallthrough, or (for Meta) custom_op's stub "
+            "without a fake impl; adds KEY to the keys shown",
         },
     ),
     Option(
@@ -362,7 +372,8 @@ BUILD_OPTIONS: tuple[Option, ...] = (
         {
             "dest": "opt_level",
             "default": DEFAULT_OPT_LEVEL,
-            "help": f"optimisation level 0, 1, 2, 3, s or g (default {DEFAULT_OPT_LEVEL})",
+            "help": f"optimisation level 0, 1, 2, 3, s or g (default {DEFAULT_OPT_LEVEL}: fast "
+            "builds; 2 or 3 to time kernels)",
         },
     ),
     Option(
