@@ -20,9 +20,17 @@ from ..cachedir import ProgressCallback
 from ..cells.session import CellIdentity, active_session
 from ..errors import CompileError, OpmagicError
 from ..native import BuildProgress, LoadedLibrary, compile_library, stderr_progress
-from .arguments import BUILD_OPTIONS, COMPARE_OPTIONS, build_keywords, parse_options, with_options
+from .arguments import (
+    BUILD_OPTIONS,
+    COMPARE_OPTIONS,
+    DOCTOR_CELL_OPTIONS,
+    build_keywords,
+    parse_options,
+    with_options,
+)
 from .compare import compare_cell
 from .context import ShellMagics, magic_context
+from .doctor import doctor_cell
 from .session import running_cell_number
 
 CELL_BODY_FIRST_LINE = 2  # line 1 of a %%torch_library cell is the magic line
@@ -90,6 +98,7 @@ class TorchLibraryMagics(ShellMagics):
     @magic_arguments()
     @with_options(BUILD_OPTIONS)
     @with_options(COMPARE_OPTIONS)
+    @with_options(DOCTOR_CELL_OPTIONS)
     @cell_magic
     def torch_library(self, line: str, cell: str) -> LoadedLibrary:
         """Compile the cell (C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks, or their
@@ -107,4 +116,5 @@ class TorchLibraryMagics(ShellMagics):
             args = parse_options(self.torch_library, line)
             build = functools.partial(compile_library, cell, **build_keywords(args))
             library = load_library_cell(self.shell, cell, build)
-        return compare_cell(self.shell, args.compare, library, "%%torch_library")
+        compare_cell(self.shell, args.compare, library, "%%torch_library")
+        return doctor_cell(self.shell, args, library, "%%torch_library")
