@@ -98,6 +98,8 @@ def cells(ipython: InteractiveShell) -> Iterator[Cells]:
     finally:
         ipython.run_line_magic("unload_ext", "opmagic")
         ipython.reset()
+        gc.freeze()  # what outlived the test (IPython's caches, op objects) lives on: see
+        # pytest_collection_finish
 
 
 @pytest.fixture

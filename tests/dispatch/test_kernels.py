@@ -92,6 +92,7 @@ def test_agrees_with_dispatch_table_for_aten_ops():
     assert mm_meta["source"].iloc[0].startswith("meta_mm (")
 
 
+@pytest.mark.exhaustive  # every operator of the process, twice: CI's
 def test_all_ops_and_default_keys():
     frame = kernels()
     assert frame["op"].str.startswith("aten::").sum() > 1000
