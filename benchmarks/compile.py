@@ -8,13 +8,13 @@ compared with: the tutorial's myadd written with ``#include <torch/extension.h>`
 op with minimal includes and ``no_implicit_headers=True``; PyTorch's current tutorial
 mymuladd on the LibTorch stable ABI, ``no_implicit_headers=True``.
 
-Targets (issues 11 and 26), as ratios to the baseline of the same source:
+Targets, as ratios to the baseline of the same source:
 
 - the first cell on an empty cache (no precompiled headers yet: the build starts them in
-  the background once it is compiled): <= 0.5x for torch/extension.h (issue 26), never
+  the background once it is compiled): <= 0.5x for torch/extension.h, never
   slower than load_inline for the others: <= 1.0x;
-- a cold cell after the one-time precompiled headers: <= 0.25x for torch/extension.h (issue
-  26), the minimal one <= 0.12x of the torch/extension.h baseline, a stable-ABI cell
+- a cold cell after the one-time precompiled headers: <= 0.25x for torch/extension.h, the
+  minimal one <= 0.12x of the torch/extension.h baseline, a stable-ABI cell
   <= 1.0x;
 - editing one line and re-running: about the cold build of that source or better;
 - re-running an unchanged source in a fresh process: <= 0.3 s (load_inline's own hit shown).

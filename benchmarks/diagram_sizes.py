@@ -1,6 +1,6 @@
 """How big the quickstart's diagrams are: each SVG's width and height, in points.
 
-Baseline: the issue's budget of 500 pt of height for a two-key path (a ratio below 1 meets
+Baseline: the budget of 500 pt of height for a two-key path (a ratio below 1 meets
 it); a table or a longer path is held to the same number, for scale. With ``--baseline
 CHECKOUT`` the same notebook also runs on another checkout's opmagic (e.g. main) in the same
 run, and each diagram's height is given as a ratio to that checkout's.

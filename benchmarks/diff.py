@@ -6,7 +6,7 @@ naively, measured in the same run.
 
 Baselines: the naive dump (``torch._C._dispatch_dump`` of every operator, kept as text) and
 the naive diff (every dump read again, every operator's dump parsed on both sides and
-compared). Targets (issue 24): a snapshot takes <= 0.5 s and <= 1.0x the naive dump. A
+compared). Targets: a snapshot takes <= 0.5 s and <= 1.0x the naive dump. A
 snapshot keeps the dumps unparsed, so it costs what reading them costs; a diff reads them
 again (torch has no cheaper record of what changed: no counter or fingerprint per operator)
 and parses only the operators whose text differs. Medians of alternating runs.

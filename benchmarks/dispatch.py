@@ -2,7 +2,7 @@
 
     python benchmarks/dispatch.py [--short]
 
-Targets (issue 2): dispatch_table(op) median <= 5 ms; resolve() of a 2-tensor call median
+Targets: dispatch_table(op) median <= 5 ms; resolve() of a 2-tensor call median
 <= 1 ms; kernels() over every op <= 0.5 s. Baselines: torch's raw dump calls for one op,
 running the call itself, and dumping + regex-parsing every op's table (the naive way).
 Target (issue 26): kernels() over every op <= 0.7x the naive dump-and-parse.

@@ -1,6 +1,6 @@
 """How long one explorer update takes: an input or toggle changes, the path redraws.
 
-Baseline: the issue's budget of 300 ms per update (a ratio below 1 meets it). Also shown:
+Baseline: the budget of 300 ms per update (a ratio below 1 meets it). Also shown:
 a bare ``opmagic.resolve`` of the same call, i.e. what the explorer adds on top of the
 engine (building inputs, contexts, DOT, rendering, the steps HTML).
 
@@ -92,7 +92,7 @@ def main() -> None:
     """Run each renderer in a fresh process and print the timings against the budget."""
     renderers = ["dot", "wasi"] if shutil.which("dot") else ["wasi"]
     print(f"explorer update time, {ROUNDS} rounds of every change after a first round")
-    print(f"baseline: the issue's budget of {BUDGET_MS:.0f} ms per update")
+    print(f"baseline: the budget of {BUDGET_MS:.0f} ms per update")
     for renderer in renderers:
         done = subprocess.run(
             [sys.executable, __file__, "--measure", renderer],

@@ -4,7 +4,7 @@ watching operator calls see and cost.
 
     python benchmarks/trace.py [--short]
 
-Target (issue 15): a traced forward (the trace built) takes <= 5x the untraced forward, for
+Target: a traced forward (the trace built) takes <= 5x the untraced forward, for
 the module of notebooks/trace.ipynb; a toy-sized layer is reported too, where the tracer's
 per-call cost (shown in µs) weighs most. Timings are medians of traced and untraced runs
 taken alternately, on one intra-op thread (two threads on a shared machine make the
@@ -12,13 +12,13 @@ untraced baseline itself noisy). The first trace of a process also works out eac
 call's path with resolve; later traces reuse those paths (checked against the operators'
 registrations once per trace), so the first trace is reported on its own.
 
-Target (issue 26): displaying a trace as a notebook does (IPython's formatter: its text and
+Target: displaying a trace as a notebook does (IPython's formatter: its text and
 its HTML) costs <= 1x recording it, both measured here on the same traces: the notebook's
 layer and its custom-op block (a ``torch.library`` op and a ``custom_op``, whose surprises
 read the operators' registrations once, when the trace finishes). Both are timed in CPU
 time (this process's), which other work on a shared machine inflates far less than wall time.
 
-Target (issue 25): a traced training step (forward and backward) of the notebook's layer,
+Target: a traced training step (forward and backward) of the notebook's layer,
 the trace built with its autograd nodes, where each call came from and its module, takes
 <= 5x the untraced step, and <= 8x with ``values=True`` (min/max/mean of every value the
 step computed). Measured in CPU time (``time.process_time``) of this process, alternately

@@ -5,6 +5,7 @@ package, from a terminal."""
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import shlex
 import sys
@@ -142,16 +143,16 @@ def _write_svg(path: str | None, diagram: Diagram) -> None:
 
 def _table(options: argparse.Namespace) -> str:
     """``table``: the text form of the op's table(s), and its diagram for ``--svg``."""
-    from .dispatch import dispatch_table
-    from .view.table import table_text
+    from .dispatch import OverloadTables, dispatch_table
+    from .view.table import table_diagram, table_text
 
     result = dispatch_table(options.op)
-    tables = getattr(result, "tables", (result,))
+    tables = result.tables if isinstance(result, OverloadTables) else (result,)
     if options.svg and len(tables) > 1:
         raise OpmagicError(
             f"{options.op} has {len(tables)} overloads; name one for --svg, e.g. {tables[0].op}"
         )
-    _write_svg(options.svg, tables[0].diagram(show_all=options.all))
+    _write_svg(options.svg, table_diagram(tables[0], show_all=options.all))
     return "\n\n".join(
         table_text(t, show_all=options.all, show_all_hint=f"python -m opmagic table {t.op} --all")
         for t in tables
@@ -163,9 +164,11 @@ def _resolve(options: argparse.Namespace) -> str:
     scope), and its diagram for ``--svg``."""
     import torch
 
+    from .view.resolution import resolution_diagram
+
     args, kwargs = _call_arguments(options, {"torch": torch})
     resolution = call_context(options).resolve(options.op, *args, **kwargs)
-    _write_svg(options.svg, resolution.diagram(show_all=options.all))
+    _write_svg(options.svg, resolution_diagram(resolution, show_all=options.all))
     return str(resolution)
 
 
@@ -205,7 +208,7 @@ def _diff(options: argparse.Namespace) -> tuple[str, int]:
     if options.code is not None:
         _run("--exec", lambda: exec(compile(options.code, "<--exec>", "exec"), namespace))
     for module in options.imports or ():
-        _run(f"--import {module}", lambda name=module: importlib.import_module(name))
+        _run(f"--import {module}", functools.partial(importlib.import_module, module))
     found = diff(before)
     status = 1 if options.fail_on_aten_override and found.aten_overrides else 0
     ran = (

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from .display import format_duration
 from .errors import CacheDirectoryError, CacheFullError, LoadError, OpmagicError
 
 LAYOUT_VERSION = "v1"  # bump when the layout or the meaning of a key changes
@@ -467,20 +468,21 @@ class BuildProgress:
     expected: float | None = None  # what the last such build took on this machine, measured
 
     def __str__(self) -> str:
+        elapsed = format_duration(self.elapsed, 2)
         if self.failed:
-            return f"opmagic: building {self.library} failed after {self.elapsed:.1f} s"
+            return f"opmagic: building {self.library} failed after {elapsed}"
         if self.finished:
-            return f"opmagic: built {self.library} in {self.elapsed:.1f} s"
+            return f"opmagic: built {self.library} in {elapsed}"
         last = (
-            f"the last build on this machine took {self.expected:.0f} s"
+            f"the last build on this machine took {format_duration(round(self.expected))}"
             if self.expected is not None
             else ""
         )
         if self.library in self.step:
-            so_far = f"{self.elapsed:.0f} s so far" if self.elapsed >= 1 else ""
+            so_far = f"{format_duration(round(self.elapsed))} so far" if self.elapsed >= 1 else ""
             times = "; ".join(part for part in (so_far, last) if part)
             return f"opmagic: {self.step}" + (f" ({times})" if times else "")
-        return f"opmagic: {self.library}: {self.step} … {self.elapsed:.1f} s" + (
+        return f"opmagic: {self.library}: {self.step} … {elapsed}" + (
             f" ({last})" if last else ""
         )
 

@@ -17,11 +17,14 @@ View modules are imported when first needed: :func:`renders_on_first_use` names 
 that registers a type's renderers (by the type's dotted path), and the first lookup for that
 type imports it. So ``import opmagic`` loads no view (nor graphviz, pandas, ...) until a
 result is displayed.
+Every duration a user reads (a build's, a trace's, a comparison's) is written by
+:func:`format_duration`.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -72,6 +75,22 @@ def _import_views_of(cls: type) -> None:
     if module is not None:
         importlib.import_module(module)
         _first_use.pop(path, None)
+def format_duration(seconds: float | None, digits: int = 3) -> str:
+    """A duration for people, in the unit that fits and to ``digits`` significant digits,
+    trailing zeros dropped: ``"850 ns"``, ``"12.3 µs"``, ``"1.2 ms"``, ``"9.6 s"``, ``"63 s"``;
+    ``"-"`` for None (not measured)."""
+    if seconds is None:
+        return "-"
+    for unit, scale in (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)):
+        value = seconds / scale
+        if abs(value) < 999.5 or unit == "s":
+            break
+    magnitude = math.floor(math.log10(abs(value))) if value else 0
+    decimals = max(digits - 1 - magnitude, 0)
+    text = f"{value:.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return f"{text} {unit}"
 
 
 class NoRendererError(LookupError):
@@ -88,7 +107,7 @@ class Displayable:
         # dataclass does) unless that class defines _repr_pretty_ itself: give each one ours.
         super().__init_subclass__(**kwargs)
         if "_repr_pretty_" not in vars(cls):
-            cls._repr_pretty_ = Displayable._repr_pretty_
+            setattr(cls, "_repr_pretty_", Displayable._repr_pretty_)  # noqa: B010
 
     def view(self, form: str, **options: Any) -> Any:
         """The ``form`` view of this object (``"diagram"``, ``"frame"``, ...), with options."""

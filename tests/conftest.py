@@ -1,7 +1,9 @@
-"""Fixtures shared by the test packages."""
+"""Fixtures shared by the test packages, and the sample of each matrix the fast loop runs."""
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,7 +12,36 @@ import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
 
+import opmagic.magics
+
+from .matrix import in_sample
 from .shell import Cells, warm_up_torch
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move everything alive after collection (torch, IPython, the test items) out of the
+    garbage collector's reach: IPython collects at every ``reset()``, which the ``cells``
+    fixture runs after each test, and a full collection of torch's heap costs ~0.3 s. All of
+    it goes back to the collector when the interpreter exits, which finalises only what the
+    collector can reach (Triton's bindings report the rest as leaks)."""
+    gc.freeze()
+    atexit.register(gc.unfreeze)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``exhaustive`` every case of a ``matrix`` test outside its fast-loop sample
+    (:func:`tests.matrix.in_sample`), each test function's cases in collection order."""
+    cases: dict[tuple[Path, str], list[pytest.Item]] = {}
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        if spec is not None and item.get_closest_marker("matrix") is not None:
+            cases.setdefault((item.path, item.originalname), []).append(item)
+    for function_cases in cases.values():
+        chosen = in_sample([case.callspec.params for case in function_cases])
+        for case, keep in zip(function_cases, chosen, strict=True):
+            if not keep:
+                case.add_marker(pytest.mark.exhaustive)
 
 
 @pytest.fixture(scope="session")
@@ -31,12 +62,29 @@ def build_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["XDG_CACHE_HOME"] = previous
 
 
+@pytest.fixture(autouse=True)
+def _slow_tests_build_in_the_run_cache(request: pytest.FixtureRequest) -> None:
+    """A slow test may compile: its builds (and those of the processes it starts) go to the
+    run's private cache (:func:`build_cache`), never to the user's own."""
+    if request.node.get_closest_marker("slow") is not None:
+        request.getfixturevalue("build_cache")
+
+
 @pytest.fixture(scope="session")
-def ipython(build_cache: Path) -> InteractiveShell:
-    """The process's IPython shell, with torch warmed up (``%load_ext opmagic`` precompiles
-    headers in the background: in the run's cache, never in the user's own)."""
+def ipython() -> Iterator[InteractiveShell]:
+    """The process's IPython shell, with torch warmed up.
+
+    ``%load_ext opmagic`` starts no warm-ups in it: they would precompile torch's headers and
+    build trace's observer in the background for every run, which the tests that do not
+    compile never use (the warm-ups have tests of their own, and a build starts the
+    precompile it needs itself).
+    """
     warm_up_torch()
-    return InteractiveShell.instance()
+    shell = InteractiveShell.instance()
+    gc.freeze()  # what the warm-up and the shell made lives as long as the run
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(opmagic.magics, "warm_up", lambda: None)
+        yield shell
 
 
 @pytest.fixture
@@ -50,6 +98,8 @@ def cells(ipython: InteractiveShell) -> Iterator[Cells]:
     finally:
         ipython.run_line_magic("unload_ext", "opmagic")
         ipython.reset()
+        gc.freeze()  # what outlived the test (IPython's caches, op objects) lives on: see
+        # pytest_collection_finish
 
 
 @pytest.fixture

@@ -283,7 +283,7 @@ def test_progress_says_what_waits_how_long_so_far_and_what_the_last_build_took()
     )
     assert str(BuildProgress("libx.so", "linking", 1.25)) == "opmagic: libx.so: linking … 1.2 s"
     done = BuildProgress("libx.so", "linking", 2.0, finished=True)
-    assert str(done) == "opmagic: built libx.so in 2.0 s"
+    assert str(done) == "opmagic: built libx.so in 2 s"
 
 
 class _Terminal:
@@ -312,7 +312,7 @@ def test_progress_on_a_terminal_rewrites_one_line(monkeypatch):
     assert terminal.text == (
         "\r\x1b[2Kopmagic: waiting for the operator observer (1 s so far)"
         "\r\x1b[2Kopmagic: waiting for the operator observer (2 s so far)"
-        "\r\x1b[2Kopmagic: built the operator observer in 3.0 s\n"
+        "\r\x1b[2Kopmagic: built the operator observer in 3 s\n"
     )
 
 

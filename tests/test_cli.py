@@ -32,6 +32,7 @@ def run_cli(*args: str, columns: int = 100) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_table():
     result = run_cli("table", "aten::add.Tensor")
     assert result.returncode == 0, result.stderr
@@ -53,8 +54,8 @@ def test_output_fits_the_terminal(
     monkeypatch.setenv("COLUMNS", str(columns))
     for args in (
         ["table", "aten::add.Tensor"],
-        ["kernels", "--namespace", "aten"],
-        ["kernels", "-n", "aten", "--wide"],
+        ["kernels", "--namespace", "prims"],  # long enough to fold; aten takes seconds
+        ["kernels", "-n", "prims", "--wide"],
         ["resolve", "aten::mm", *MM_ARGS, "--vmap"],
     ):
         assert main(args) == 0
@@ -62,12 +63,14 @@ def test_output_fits_the_terminal(
             assert len(line) <= columns or " " not in line.strip(), (args, line)
 
 
+@pytest.mark.slow
 def test_table_of_a_packet_without_default_lists_every_overload():
     result = run_cli("table", "aten::add")
     assert result.returncode == 0
     assert "aten::add.Scalar(" in result.stdout and "aten::add.Tensor(" in result.stdout
 
 
+@pytest.mark.slow
 def test_resolve_with_contexts():
     args = "torch.randn(2, 3, requires_grad=True), torch.randn(3, 4)"
     plain = run_cli("resolve", "aten::mm", "--args", args)
@@ -89,6 +92,7 @@ def test_resolve_with_contexts():
     assert "no_grad" in kwargs.stdout
 
 
+@pytest.mark.slow
 def test_kernels_long_and_wide_are_folded_with_the_command_for_all_rows():
     long = run_cli("kernels", "--namespace", "aten", "--key", "Meta", "--long", "--rows", "5")
     assert long.returncode == 0, long.stderr
@@ -111,6 +115,7 @@ def test_kernels_long_and_wide_are_folded_with_the_command_for_all_rows():
     assert "fallback" in wide.stdout and f"{total_ops - 60:,} more rows" in wide.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [

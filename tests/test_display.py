@@ -9,7 +9,7 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 import opmagic
-from opmagic.display import Displayable, NoRendererError, renderer_for, renders
+from opmagic.display import Displayable, NoRendererError, format_duration, renderer_for, renders
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,42 @@ def test_opmagic_results_render_through_the_registry() -> None:
     assert "path: AutogradCPU -> CPU" in str(resolution)
     assert table.frame().shape[0] == len(table.entries)
     assert set(table._repr_mimebundle_(exclude=["image/svg+xml"])) == {"text/plain"}
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "-"),
+        (8.5e-7, "850 ns"),
+        (2.134e-6, "2.13 µs"),
+        (1.2e-3, "1.2 ms"),
+        (0.9, "900 ms"),
+        (0.99996, "1 s"),
+        (2.0, "2 s"),
+        (12.345, "12.3 s"),
+        (1234.5, "1234 s"),
+    ],
+)
+def test_every_duration_is_written_in_the_unit_that_fits(seconds, text) -> None:
+    assert format_duration(seconds) == text
+
+
+def test_a_duration_to_two_digits() -> None:
+    assert [format_duration(s, 2) for s in (1.25, 12.34, 0.0456)] == ["1.2 s", "12 s", "46 ms"]
+
+
+def test_no_module_formats_a_duration_of_its_own() -> None:
+    """Durations reach the user through format_duration only: no f-string writes seconds or
+    milliseconds itself ("{elapsed:.1f} s", "{seconds * 1000:.0f} ms")."""
+    import re
+    from pathlib import Path
+
+    own = re.compile(r"\{[^{}]*:\.\d[fg]\} ?(s|ms|µs|us|ns)\b")
+    package = Path(opmagic.__file__).parent
+    found = [
+        f"{path.relative_to(package)}:{number}"
+        for path in package.rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if own.search(line)
+    ]
+    assert not found

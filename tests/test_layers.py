@@ -1,13 +1,14 @@
 """The package keeps DESIGN.md's rooms: imports only go down, no cycles, private torch in _torch/.
 
-Every import is parsed, function-level ones included (``if TYPE_CHECKING:`` blocks aside:
-they never run). A room may import from its own room and the rooms listed before it.
+Every import is parsed, function-level ones and ``if TYPE_CHECKING:`` ones included: an
+import for annotations only is a dependency too (a type checker follows it, and a cycle of
+them is a cycle of concepts). A room may import from its own room and the rooms listed
+before it.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,28 +77,13 @@ def canonical(dotted: str) -> str:
     )
 
 
-def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node that can run: ``if TYPE_CHECKING:`` bodies are skipped."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and ast.unparse(node.test) in (
-            "TYPE_CHECKING",
-            "typing.TYPE_CHECKING",
-        ):
-            stack.extend(node.orelse)
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
-
-
 def imports_of(path: Path) -> tuple[list[Import], list[tuple[str, int]]]:
     """The opmagic imports of one file, and the names of every other module it imports."""
     module = module_name(path)
     tree = ast.parse(path.read_text(), str(path))
     internal: list[Import] = []
     external: list[tuple[str, int]] = []
-    for node in _runtime_nodes(tree):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "opmagic":
@@ -211,7 +197,7 @@ def _private_torch_uses(path: Path) -> list[str]:
     """``torch._x`` attributes and ``torch`` modules or names starting with ``_``."""
     tree = ast.parse(path.read_text(), str(path))
     found = []
-    for node in _runtime_nodes(tree):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _private(node.attr):
             root, chain = node.value, [node.attr]
             while isinstance(root, ast.Attribute):

@@ -16,6 +16,11 @@ import torch
 
 _C = torch._C
 
+# The classes of ``torch.ops.ns.name`` (a packet) and ``torch.ops.ns.name.overload``: torch
+# exports them from a private module only.
+OpOverload = torch._ops.OpOverload
+OpOverloadPacket = torch._ops.OpOverloadPacket
+
 
 # ---------------------------------------------------------------- dispatch keys
 
@@ -258,12 +263,12 @@ def operator_parts(op: Any) -> tuple[str, str, str | None] | None:
     """``(namespace, name, overload)`` of an OpOverload (``""``: the default overload), of an
     OpOverloadPacket (overload ``None``) or of what ``custom_op`` returns; else ``None``."""
     custom = getattr(op, "_opoverload", None)
-    if isinstance(custom, torch._ops.OpOverload):
+    if isinstance(custom, OpOverload):
         op = custom
-    if isinstance(op, torch._ops.OpOverload):
+    if isinstance(op, OpOverload):
         namespace, name = op._schema.name.split("::", 1)
         return namespace, name, op._schema.overload_name
-    if isinstance(op, torch._ops.OpOverloadPacket):
+    if isinstance(op, OpOverloadPacket):
         namespace, name = op._qualified_op_name.split("::", 1)
         return namespace, name, None
     return None
@@ -317,7 +322,9 @@ def library_autocast_dtype(op_overload: Any, autocast_key: str) -> torch.dtype |
     that is not a custom_op (its rule is a Python kernel closing over ``cast_inputs``)."""
     rule = python_kernel(op_overload, autocast_key)
     code = getattr(rule, "__code__", None)
-    if code is None or "cast_inputs" not in code.co_freevars or not rule.__closure__:
+    if rule is None or code is None or "cast_inputs" not in code.co_freevars:
+        return None
+    if not rule.__closure__:
         return None
     dtype = rule.__closure__[code.co_freevars.index("cast_inputs")].cell_contents
     return dtype if isinstance(dtype, torch.dtype) else None
@@ -357,7 +364,8 @@ def hold_operators(qualnames: Iterable[str]) -> Callable[[], None]:
         if library is None:
             library = _C._dispatch_library("FRAGMENT", namespace, "", "opmagic (held)", 0)
             libraries[namespace] = library
-        library.impl(qualname, key, torch.library.fallthrough_kernel, False)
+        # torch's stub lacks the binding's fourth argument, with_keyset
+        library.impl(qualname, key, torch.library.fallthrough_kernel, False)  # type: ignore[call-arg]
 
     def release() -> None:
         for library in libraries.values():
@@ -432,8 +440,9 @@ def is_traceable_wrapper_subclass(tensor: torch.Tensor) -> bool:
     return check(tensor)
 
 
-def inner_tensor_names(tensor: torch.Tensor) -> list[str]:
-    """The attributes holding a traceable wrapper subclass's inner tensors, in its order."""
+def inner_tensor_names(tensor: Any) -> list[str]:
+    """The attributes holding a traceable wrapper subclass's inner tensors, in its order
+    (``tensor`` is such a subclass: it has ``__tensor_flatten__``)."""
     return list(tensor.__tensor_flatten__()[0])
 
 
@@ -447,8 +456,8 @@ def has_own_storage(tensor: torch.Tensor) -> bool:
     return True
 
 
-def fake_mode_of(tensor: torch.Tensor) -> Any:
-    """The FakeTensorMode a FakeTensor belongs to."""
+def fake_mode_of(tensor: Any) -> Any:
+    """The FakeTensorMode a FakeTensor (``tensor``) belongs to."""
     return tensor.fake_mode
 
 
@@ -485,8 +494,8 @@ def is_functional_tensor_subclass(cls: type) -> bool:
     return issubclass(cls, FunctionalTensor)
 
 
-def functional_tensor_elem(tensor: torch.Tensor) -> torch.Tensor:
-    """The C++ FunctionalTensorWrapper a FunctionalTensor holds."""
+def functional_tensor_elem(tensor: Any) -> torch.Tensor:
+    """The C++ FunctionalTensorWrapper a FunctionalTensor (``tensor``) holds."""
     return tensor.elem
 
 
@@ -526,7 +535,7 @@ def jagged_rule(op_overload: Any, args: tuple, kwargs: dict) -> Any | None:
 
 def vmap_fallback_enabled() -> bool:
     """Whether vmap may use its per-sample fallback for ops without a batching rule."""
-    return _C._functorch._is_vmap_fallback_enabled()
+    return _C._functorch._is_vmap_fallback_enabled()  # type: ignore[attr-defined]  # no stub
 
 
 # ---------------------------------------------------------------- contexts for a call

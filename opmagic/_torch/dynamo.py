@@ -49,19 +49,23 @@ def compiled_frames() -> dict[str, CompiledFrame]:
         return {}
     from torch._dynamo.utils import get_compilation_metrics
 
-    metrics = [m for m in get_compilation_metrics() if m.compile_id and m.co_name]
-    origins = {m.compile_id: _resumed(m.co_name) for m in metrics}
+    metrics = [
+        (m.compile_id, m.co_name, m)
+        for m in get_compilation_metrics()
+        if m.compile_id and m.co_name
+    ]
+    origins = {compile_id: _resumed(co_name) for compile_id, co_name, _ in metrics}
     resumes: dict[tuple[str, str], set[str]] = {}
-    for m in metrics:
-        name, line = origins[m.compile_id]
+    for compile_id, co_name, m in metrics:
+        name, line = origins[compile_id]
         if line is not None:
-            resumes.setdefault((name, m.co_filename or ""), set()).add(m.co_name)
+            resumes.setdefault((name, m.co_filename or ""), set()).add(co_name)
     frames = {}
-    for m in metrics:
-        name, line = origins[m.compile_id]
+    for compile_id, _, m in metrics:
+        name, line = origins[compile_id]
         ops = set(m.compliant_custom_ops or ()) | set(m.non_compliant_ops or ())
-        frames[m.compile_id] = CompiledFrame(
-            m.compile_id,
+        frames[compile_id] = CompiledFrame(
+            compile_id,
             name,
             m.co_filename or "",
             m.co_firstlineno or 0,

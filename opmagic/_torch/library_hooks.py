@@ -92,6 +92,13 @@ class Registration(abc.ABC):
         return (self.kind, self.op, self.key)
 
     @property
+    def defined_name(self) -> str:
+        """The operator a def defines, or the namespace a namespace claim holds."""
+        if self.kind not in ("def", "namespace") or self.op is None:
+            raise TypeError(f"{self.describe()} defines nothing")
+        return self.op
+
+    @property
     def applied(self) -> bool:
         """Whether the registration is in effect now."""
         return self.state == "applied"
@@ -175,14 +182,14 @@ class DispatcherRegistration(Registration):
         """
         self._library, previous._library = previous._library, None
         self.result, self.state, previous.state = previous.result, "applied", "removed"
-        self.module.own(self.op, previous.module)
+        self.module.own(self.defined_name, previous.module)
 
     def give_back(self, previous: DispatcherRegistration) -> None:
         """Undo ``adopt``: the previous def owns the operator again."""
         previous._library, self._library = self._library, None
         previous.state, self.state = ("applied" if previous._library else "removed"), "dead"
         previous.reapply()  # only when the adopted library was destroyed meanwhile
-        previous.module.own(self.op, self.module)
+        previous.module.own(self.defined_name, self.module)
         self.module.registrations.pop(id(self), None)
 
     def apply(self) -> Any:
@@ -264,7 +271,7 @@ class PythonRegistration(Registration):
         self.exclusive = self.kind in _REPLACED_PYTHON_REGISTRATIONS
         target = arguments["op_name"]
         target = target if isinstance(target, str) else target._name
-        self.op = _qualify(library.ns, target)
+        self.op: str = _qualify(library.ns, target)  # always an operator
         rule_class = arguments.get("torch_dispatch_class")
         self.key = None if rule_class is None else getattr(rule_class, "__name__", str(rule_class))
         self._rule_class = rule_class
@@ -405,7 +412,7 @@ class RoutedModule:
         """A captured call gets its own registration; any other reaches the real module."""
         router = _router
         site = router.capture_site() if router is not None else None
-        if site is None:
+        if router is None or site is None:
             return getattr(self.base, method)(*args)
         return self.register(DispatcherRegistration(self, method, args, site), router)
 
@@ -660,7 +667,7 @@ def take_cached_overloads(qualname: str) -> Any | None:
     name = name.split(".", 1)[0]
     ops_namespace = vars(torch.ops).get(namespace)
     packet = None if ops_namespace is None else vars(ops_namespace).pop(name, None)
-    if packet is not None and name in ops_namespace._dir:
+    if ops_namespace is not None and packet is not None and name in ops_namespace._dir:
         ops_namespace._dir.remove(name)
     refresh_operators([qualname])
     return packet

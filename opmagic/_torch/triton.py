@@ -398,7 +398,7 @@ def triton_op_launcher(registered: Any) -> Callable[..., Any] | None:
 
 
 @functools.cache
-def _interpreted_class() -> type:
+def _interpreted_class() -> Any:
     """Triton's ``InterpretedFunction`` (imported once)."""
     from triton.runtime.interpreter import InterpretedFunction
 

@@ -39,7 +39,7 @@ import linecache
 import os
 import re
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any
@@ -186,7 +186,7 @@ def custom_op_from_source(
     name: str,
     *,
     mutates_args: Iterable[str] | str = (),
-    device_types: str | Iterable[str] | None = None,
+    device_types: str | Sequence[str] | None = None,
     schema: str | None = None,
     tags: Iterable[torch.Tag] = (),
     namespace: dict[str, Any] | None = None,
@@ -379,9 +379,9 @@ def custom_op_kernels(op: Any, table: DispatchTable | None = None) -> list[Kerne
     ``table`` is the op's dispatch table when the caller has it already.
     """
     parts = custom_op_state.custom_op_parts(op)
-    table = table if table is not None else dispatch_table(op)
-    assert isinstance(table, DispatchTable)
-    registered = {r.key: r for r in table.registrations if r.active}
+    found = table if table is not None else dispatch_table(op)
+    assert isinstance(found, DispatchTable)  # a custom op has one overload
+    registered = {r.key: r for r in found.registrations if r.active}
     rows = []
     for device, fn in parts["device_kernels"].items():
         key = dispatcher.dispatch_key_for_device(device) if device else "CompositeExplicitAutograd"

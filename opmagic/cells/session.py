@@ -290,7 +290,13 @@ class Session:
         self._evicted: list[tuple[library_hooks.Registration, CellRecord]] = []
         self._dropped: set[int] = set()  # ids of evicted registrations nothing replaces
         # (new def, previous identical def, its record): C++ definitions taken over in place
-        self._adopted: list[tuple[Any, Any, CellRecord]] = []
+        self._adopted: list[
+            tuple[
+                library_hooks.DispatcherRegistration,
+                library_hooks.DispatcherRegistration,
+                CellRecord,
+            ]
+        ] = []
         self._stashes: dict[str, Any] = {}  # cached torch.ops packets of replaced definitions
         self._reverted: list[custom_op_state.CustomOpChange] = []
         self._states: dict[int, tuple[Any, dict]] = {}
@@ -636,7 +642,10 @@ class Session:
         made, named by the run that made it (a later run of the same source has another
         number), or ``None`` when no cell made it."""
         for record, registration in self._applied():
-            defines = registration.kind == "def" and registration.op.partition(".")[0] == qualname
+            defines = (
+                registration.kind == "def"
+                and registration.defined_name.partition(".")[0] == qualname
+            )
             if defines and record is not self._outside:
                 return f"cell {record.label}, line {registration.site[1]}"
         return None
@@ -644,7 +653,8 @@ class Session:
     def owns_definition(self, qualname: str) -> bool:
         """Whether the session made the definition of ``ns::name`` (any overload)."""
         return any(
-            r.kind == "def" and (r.op == qualname or r.op.startswith(qualname + "."))
+            r.kind == "def"
+            and (r.defined_name == qualname or r.defined_name.startswith(qualname + "."))
             for _, r in self._applied()
         )
 
@@ -715,7 +725,7 @@ class Session:
             return self._evict_for(
                 [(rec, r) for rec, r in self._applied() if r.identity == identity]
             )
-        op = registration.op
+        op = registration.defined_name
         definition = registration.definition  # a bad schema raises before anything is evicted
         self._forget_custom_op(op)
         redefines = any(r.kind == "def" and r.op == op and r.applied for r in run.registrations)
@@ -758,7 +768,7 @@ class Session:
                 adopted[0].give_back(adopted[1])
                 self._adopted.remove(adopted)
             if not applied and victims:
-                self._restore_stashes([r.op for _, r in victims if r.kind == "def"])
+                self._restore_stashes([r.defined_name for _, r in victims if r.kind == "def"])
 
         return release
 
@@ -784,7 +794,7 @@ class Session:
         registration.seq = next(self._sequence)
         self._run.registrations.append(registration)
         if registration.kind in ("def", "namespace"):
-            self._run.defined.add((registration.kind, registration.op))
+            self._run.defined.add((registration.kind, registration.defined_name))
 
     def library_created(self, library: Any) -> None:
         """Record a Library the running cell created; it is destroyed with the run."""
@@ -911,14 +921,15 @@ class Session:
         assert run is not None
         changes = custom_op_state.custom_op_changes(self._states)
         created = {id(library) for library in run.live_libraries()}
-        adopted = {id(new): old for new, old, _ in self._adopted}
+        adopted = {id(new): (new, old) for new, old, _ in self._adopted}
         defined = set()
         for registration in reversed(run.registrations):
             if id(registration) in adopted:
-                registration.give_back(adopted[id(registration)])
+                new, old = adopted[id(registration)]
+                new.give_back(old)
                 continue
             if registration.kind == "def" and registration.applied:
-                defined.add(registration.op)
+                defined.add(registration.defined_name)
             registration.discard()
         dispatcher.refresh_operators(defined)  # objects made for the failed run's definitions
         if adopted:  # code compiled during the run used its kernels on the kept objects
@@ -957,7 +968,7 @@ class Session:
         """Undo everything a run left in effect; every step runs, the first failure is raised
         after."""
         failures = _Failures()
-        refreshed = {r.op for r in record.registrations if r.kind == "def" and r.applied}
+        refreshed = {r.defined_name for r in record.registrations if r.kind == "def" and r.applied}
         for registration in reversed(record.registrations):
             with failures.kept():
                 registration.discard()

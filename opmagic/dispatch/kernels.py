@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -111,7 +112,7 @@ def kernels(
                 continue
             site, torch_kind, fallthrough = found
             kind, alias, is_fallback = classify(
-                torch_kind, fallthrough, site, lambda n=name: non_functional_site(n)
+                torch_kind, fallthrough, site, functools.partial(non_functional_site, name)
             )
             if key == "Meta" and kind == "kernel" and _is_stub(qualname, name, site):
                 kind = "stub"

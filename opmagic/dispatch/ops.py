@@ -21,7 +21,7 @@ from ..errors import NotAnOperatorError, UnknownOperatorError
 from .torch_functions import aten_name
 
 if TYPE_CHECKING:
-    from torch._ops import OpOverload, OpOverloadPacket
+    from .._torch.dispatcher import OpOverload, OpOverloadPacket
 
 # the one grammar of the names in "namespace::name.overload" (and of C++ library names)
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

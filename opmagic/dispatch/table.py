@@ -20,8 +20,6 @@ from .sites import label_callable, label_site, parse_site
 if TYPE_CHECKING:
     import pandas
 
-    from ..view.diagram import Diagram
-
 KINDS = (
     "kernel",
     "alias",
@@ -156,9 +154,10 @@ class DispatchTable(Displayable):
         """The table as a DataFrame, a row per runtime key (missing keys included)."""
         return self.view("frame")
 
-    def diagram(self, show_all: bool = False) -> Diagram:
-        """The table as a Graphviz diagram; ``show_all`` draws keys without a kernel of the
-        op's own (fallbacks, fallthroughs, missing) too."""
+    def diagram(self, show_all: bool = False) -> Displayable:
+        """The table as a Graphviz diagram (a :class:`~opmagic.view.diagram.Diagram`);
+        ``show_all`` draws keys without a kernel of the op's own (fallbacks, fallthroughs,
+        missing) too."""
         return self.view("diagram", show_all=show_all)
 
 

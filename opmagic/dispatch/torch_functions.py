@@ -178,8 +178,9 @@ def _cell_contents(cell: Any) -> Any:
 
 def _label(fn: Any, target: Any) -> str:
     """How the user would write the function: ``torch.norm``, ``torch.nn.functional.silu``."""
-    if getattr(torch, getattr(target, "__name__", ""), None) is target:
-        return f"torch.{target.__name__}"
+    target_name = getattr(target, "__name__", "")
+    if target_name and getattr(torch, target_name, None) is target:
+        return f"torch.{target_name}"
     name = torch.overrides.resolve_name(fn) or torch.overrides.resolve_name(target)
     if name:
         return name

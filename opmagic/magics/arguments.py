@@ -48,7 +48,7 @@ class Option:
         """The value the option has when the command line leaves it out."""
         if "default" in self.spec:
             return self.spec["default"]
-        return {"store_true": False, "store_false": True}.get(self.spec.get("action"))
+        return {"store_true": False, "store_false": True}.get(self.spec.get("action", ""))
 
 
 def with_options(bundle: tuple[Option, ...]) -> Callable[[_F], _F]:
@@ -70,8 +70,9 @@ def add_options(parser: argparse.ArgumentParser, bundle: tuple[Option, ...]) -> 
         parser.add_argument(*option.flags, **option.spec)
 
 
-def parse_options(magic: Callable[..., Any], line: str) -> argparse.Namespace:
-    """A magic's parsed option line (``@magic_arguments``), split as a shell would.
+def parse_options(magic: Any, line: str) -> argparse.Namespace:
+    """A magic's parsed option line, split as a shell would (``magic`` is under
+    ``@magic_arguments()``, which gives it its ``parser``).
 
     Quotes group a value and are removed (``--cflags="-DA=1 -DB=2"``, ``-I "/dir with
     space"``); a trailing ``# comment`` is left out, as in Python, so that a line can carry a
@@ -212,11 +213,18 @@ CONTEXT_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         ("--fake",),
-        {"action": "store_true", "help": "resolve under FakeTensorMode, with fake inputs"},
+        {
+            "action": "store_true",
+            "help": "resolve under FakeTensorMode, the tensor arguments converted with "
+            "mode.from_tensor",
+        },
     ),
     Option(
         ("--logging-mode",),
-        {"action": "store_true", "help": "resolve under a logging TorchDispatchMode"},
+        {
+            "action": "store_true",
+            "help": "resolve under a TorchDispatchMode that logs each op",
+        },
     ),
 )
 
@@ -285,14 +293,17 @@ KERNELS_OPTIONS: tuple[Option, ...] = (  # of %kernels and `python -m opmagic ke
         ("-k", "--key"),
         {
             "action": "append",
-            "help": "a runtime key to show (repeat for several; 'all' for every key)",
+            "help": "a runtime key to show (repeat for several; 'all' for every key); default: "
+            "the common backend, autograd, autocast, functorch and Python keys",
         },
     ),
     Option(
         ("-m", "--missing"),
         {
             "metavar": "KEY",
-            "help": "only operators without a kernel of their own for KEY (e.g. Meta)",
+            "help": "only operators without a kernel of their own for KEY (e.g. Meta): no "
+            "kernel, only the backend fallback, a fallthrough, or (for Meta) custom_op's stub "
+            "without a fake impl; adds KEY to the keys shown",
         },
     ),
     Option(
@@ -407,7 +418,8 @@ BUILD_OPTIONS: tuple[Option, ...] = (
         {
             "dest": "opt_level",
             "default": DEFAULT_OPT_LEVEL,
-            "help": f"optimisation level 0, 1, 2, 3, s or g (default {DEFAULT_OPT_LEVEL})",
+            "help": f"optimisation level 0, 1, 2, 3, s or g (default {DEFAULT_OPT_LEVEL}: fast "
+            "builds; 2 or 3 to time kernels)",
         },
     ),
     Option(

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
@@ -23,13 +23,13 @@ from ..errors import OpmagicError
 from ..native import LoadedLibrary
 from ..verify.compare import DEFAULT_MIN_RUN_TIME, Comparison, compare
 from .arguments import evaluate, names, parse_options
-from .context import magic_context
+from .context import ShellMagics, magic_context
 
 _EXAMPLE = "%compare my_add torch.add --inputs make_inputs --sizes 1024 65536"
 _CELL_EXAMPLE = '--compare "torch.add --inputs make_inputs --sizes 1024 65536"'
 
 @magics_class
-class CompareMagics(Magics):
+class CompareMagics(ShellMagics):
     """The ``%compare`` line magic."""
 
     @magic_arguments()

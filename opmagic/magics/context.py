@@ -1,4 +1,5 @@
-"""The magics' one error policy: what a magic's failure looks like to the user.
+"""What every magic runs in: its shell (:class:`ShellMagics`), and the one error policy,
+what a magic's failure looks like to the user (:func:`magic_context`).
 
 A ``UsageError`` is for a bad magic line or expression only; every other failure is an
 :class:`~opmagic.errors.OpmagicError` that reaches the user as itself: its own class (so
@@ -14,6 +15,8 @@ import contextlib
 from collections.abc import Iterator
 
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.magic import Magics
 
 from ..display import Displayable
 from ..errors import OpmagicError
@@ -30,3 +33,10 @@ def magic_context(name: str) -> Iterator[None]:
         if not (isinstance(error, Displayable) or message.startswith(f"{name}: ")):
             error.args = (f"{name}: {message}", *error.args[1:])
         raise
+
+
+class ShellMagics(Magics):
+    """The base of opmagic's magics. IPython gives each the shell it is registered with; its
+    types say ``shell`` may be None, which never holds for a registered magic."""
+
+    shell: InteractiveShell

@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.cuda_kernel import CudaKernelResult, cuda_kernel_from_source
@@ -31,13 +31,13 @@ from .arguments import (
     with_options,
 )
 from .compare import compare_cell
-from .context import magic_context
+from .context import ShellMagics, magic_context
 from .session import running_cell_number
 from .torch_library import CELL_BODY_FIRST_LINE, load_library_cell
 
 
 @magics_class
-class CudaKernelMagics(Magics):
+class CudaKernelMagics(ShellMagics):
     """The ``%%cuda_kernel`` cell magic."""
 
     @magic_arguments()

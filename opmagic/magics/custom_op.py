@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.custom_op import CustomOpResult, custom_op_from_source
@@ -22,7 +22,7 @@ from .arguments import (
     with_options,
 )
 from .compare import compare_cell
-from .context import magic_context
+from .context import ShellMagics, magic_context
 from .doctor import doctor_cell
 from .session import running_cell_number
 
@@ -40,7 +40,7 @@ def _tags(text: str) -> tuple[torch.Tag, ...]:
 
 
 @magics_class
-class CustomOpMagics(Magics):
+class CustomOpMagics(ShellMagics):
     """The ``%%custom_op`` cell magic."""
 
     @magic_arguments()

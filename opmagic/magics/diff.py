@@ -10,17 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from ..dispatch.diff import DispatchDiff, diff, snapshot
 from .arguments import parse_options
+from .context import ShellMagics
 from .session import running_cell_number
 
 
 @magics_class
-class DiffMagics(Magics):
+class DiffMagics(ShellMagics):
     """``%%diff``."""
 
     @magic_arguments()

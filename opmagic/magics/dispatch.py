@@ -11,20 +11,21 @@ import ast
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..dispatch import Resolution
 from ..view.diagram import Diagram
+from ..view.resolution import resolution_diagram
 from .arguments import CONTEXT_OPTIONS, call_context, evaluate, parse_options, with_options
-from .context import magic_context
+from .context import ShellMagics, magic_context
 
 _VALUED_OPTIONS = {option.flags[0] for option in CONTEXT_OPTIONS if option.takes_value}
 _CALL_EXAMPLE = "%dispatch torch.ops.aten.add(x, y)"
 
 
 @magics_class
-class DispatchMagics(Magics):
+class DispatchMagics(ShellMagics):
     """The ``%dispatch`` line magic."""
 
     @magic_arguments()
@@ -54,7 +55,7 @@ class DispatchMagics(Magics):
             options = parse_options(self.dispatch, options_text)
             op, args, kwargs = evaluate_call(expression, self.shell.user_ns)
             resolution = call_context(options).resolve(op, *args, **kwargs)
-        return resolution.diagram(show_all=True) if options.all else resolution
+        return resolution_diagram(resolution, show_all=True) if options.all else resolution
 
 
 def evaluate_call(

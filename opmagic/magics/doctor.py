@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
@@ -24,14 +24,14 @@ from .arguments import (
     parse_options,
     with_options,
 )
-from .context import magic_context
+from .context import ShellMagics, magic_context
 from .dispatch import evaluate_call, split_options
 
 _VALUED_OPTIONS = {option.flags[0] for option in DOCTOR_LADDER_OPTIONS}
 
 
 @magics_class
-class DoctorMagics(Magics):
+class DoctorMagics(ShellMagics):
     """The ``%doctor`` line magic."""
 
     @magic_arguments()

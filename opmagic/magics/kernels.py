@@ -3,17 +3,17 @@ options of ``python -m opmagic kernels`` (:data:`~opmagic.magics.arguments.KERNE
 
 from __future__ import annotations
 
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
 
 from ..dispatch import kernels
 from ..view.frames import KernelsView, kernels_call
 from .arguments import KERNELS_OPTIONS, kernels_keywords, parse_options, with_options
-from .context import magic_context
+from .context import ShellMagics, magic_context
 
 
 @magics_class
-class KernelsMagics(Magics):
+class KernelsMagics(ShellMagics):
     """The ``%kernels`` line magic."""
 
     @magic_arguments()

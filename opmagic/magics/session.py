@@ -12,13 +12,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.session import Session, SessionReport
 from ..dispatch.sites import add_labeler, remove_labeler
 from .arguments import parse_options
-from .context import magic_context
+from .context import ShellMagics, magic_context
 
 _INPUT_CELL = re.compile(r"^<ipython-input-(\d+)-")
 
@@ -109,7 +109,7 @@ def running_cell_number(shell: Any) -> int:
 
 
 @magics_class
-class SessionMagics(Magics):
+class SessionMagics(ShellMagics):
     """``%opmagic``, and the session of ``%load_ext opmagic`` (started with this instance,
     stopped by :meth:`close` at ``%unload_ext``)."""
 

@@ -12,10 +12,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import cell_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
 from IPython.display import display
 
+from ..cachedir import ProgressCallback
 from ..cells.history import CellSource
 from ..cells.session import CellIdentity, active_session
 from ..errors import CompileError, OpmagicError, RegistrationError
@@ -29,7 +30,7 @@ from .arguments import (
     with_options,
 )
 from .compare import compare_cell
-from .context import magic_context
+from .context import ShellMagics, magic_context
 from .doctor import doctor_cell
 from .session import running_cell_number
 
@@ -86,7 +87,7 @@ def load_library_cell(
     identity = CellIdentity.of_source(cell)
     previous = session.superseded(LoadedLibrary, identity)
     in_notebook = getattr(shell, "kernel", None) is not None
-    progress = DisplayProgress() if in_notebook else stderr_progress
+    progress: ProgressCallback = DisplayProgress() if in_notebook else stderr_progress
 
     def attempt() -> LoadedLibrary:
         return build(
@@ -107,8 +108,8 @@ def load_library_cell(
                 raise
             library = attempt()
     except CompileError as error:
-        if in_notebook:  # the errors at their lines, the log folded; no traceback after it
-            progress.show(error)
+        if isinstance(progress, DisplayProgress):  # in a notebook: the errors at their lines,
+            progress.show(error)  # the log folded; no traceback after it
             error.displayed = True
         raise
     library = dataclasses.replace(library, notes=tuple(session.displaced()))
@@ -117,7 +118,7 @@ def load_library_cell(
 
 
 @magics_class
-class TorchLibraryMagics(Magics):
+class TorchLibraryMagics(ShellMagics):
     """The ``%%torch_library`` cell magic."""
 
     @magic_arguments()

@@ -11,20 +11,20 @@ import ast
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from ..dispatch.trace import Trace, trace
 from .arguments import CONTEXT_OPTIONS, call_context, parse_options, with_options
-from .context import magic_context
+from .context import ShellMagics, magic_context
 from .session import running_cell_number
 
 VIEWS = ("tree", "frame", "diagram", "surprises")
 
 
 @magics_class
-class TraceMagics(Magics):
+class TraceMagics(ShellMagics):
     """``%%trace``."""
 
     @magic_arguments()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.triton_op import TritonOpResult, triton_op_from_source
@@ -20,7 +20,7 @@ from .arguments import (
     with_options,
 )
 from .compare import compare_cell
-from .context import magic_context
+from .context import ShellMagics, magic_context
 from .doctor import doctor_cell
 from .session import running_cell_number
 
@@ -28,7 +28,7 @@ MAGIC = "%%triton_op"
 
 
 @magics_class
-class TritonOpMagics(Magics):
+class TritonOpMagics(ShellMagics):
     """The ``%%triton_op`` cell magic."""
 
     @magic_arguments()

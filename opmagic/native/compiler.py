@@ -46,8 +46,8 @@ def run_step(
     ``ccache`` it started.
     """
     started = time.perf_counter()
-    output = os.memfd_create("opmagic-output", os.MFD_CLOEXEC)
-    with os.fdopen(output, "w+", errors="replace") as log:
+    descriptor = os.memfd_create("opmagic-output", os.MFD_CLOEXEC)
+    with os.fdopen(descriptor, "w+", errors="replace") as log:
         process = subprocess.Popen(
             command,
             cwd=cwd,
@@ -59,7 +59,7 @@ def run_step(
             start_new_session=True,  # its own process group (and no terminal's Ctrl-C)
         )
         try:
-            if stdin is not None:
+            if stdin is not None and process.stdin is not None:
                 process.stdin.write(stdin)
                 process.stdin.close()
             while True:

@@ -368,14 +368,14 @@ def _precompiled_problem(directory: Path, *, rehash: bool) -> str | None:
     record, problem = read_record(directory, PRECOMPILED_RECORD)
     if record is None:
         return problem or f"{PRECOMPILED_RECORD}, the record of its size and SHA-256, is missing"
-    problem = artifact_problem(precompiled, record, rehash=rehash)
-    if problem is None and record.get("stat") != fingerprint(precompiled):
+    damage = artifact_problem(precompiled, record, rehash=rehash)
+    if damage is None and record.get("stat") != fingerprint(precompiled):
         with contextlib.suppress(OSError):  # hashed as recorded: next time the stat will do
             write_atomic(
                 directory / PRECOMPILED_RECORD,
                 json.dumps({**record, "stat": fingerprint(precompiled)}),
             )
-    return problem
+    return damage
 
 
 def _used_file(cache: BuildCache) -> Path:

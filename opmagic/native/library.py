@@ -24,14 +24,13 @@ from .blocks import Block
 from .diagnostics import where
 from .loader import NativeLibrary
 from .options import DEFAULT_OPT_LEVEL, BuildOptions
-from .pipeline import BuildInfo, published_build
+from .pipeline import BuildInfo, BuildVariant, published_build
 from .probe import probe
 from .registration import Registration, SourceSite, register
 from .snapshots import NewKernel, NewOperator
 
 if TYPE_CHECKING:
     from ..dispatch.table import DispatchTable, OverloadTables
-    from .cuda.library import CudaBuild
 
 
 @dataclass(eq=False)
@@ -149,18 +148,18 @@ def load_library(
     *,
     replace: LoadedLibrary | None,
     progress: ProgressCallback | None,
-    cuda: CudaBuild | None = None,
+    variant: BuildVariant | None = None,
 ) -> LoadedLibrary:
     """Build ``options`` (or take the cached build), load it and register its blocks in place
-    of ``replace``: the pipeline of :func:`compile_library`; with ``cuda``, of the CUDA full
-    path (:func:`~opmagic.native.compile_cuda_library`)."""
+    of ``replace``: the pipeline of :func:`compile_library`; with ``variant``, of the CUDA
+    full path (:func:`~opmagic.native.compile_cuda_library`)."""
     if replace is not None and not isinstance(replace, LoadedLibrary):
         raise BuildOptionError(
             f"replace must be the LoadedLibrary this one supersedes, or None; got {replace!r:.60}."
         )
     if progress is not None and not callable(progress):
         raise BuildOptionError(f"progress must be a callable or None, got {progress!r:.60}.")
-    request, built = published_build(options, cuda, progress)
+    request, built = published_build(options, variant, progress)
     started = time.perf_counter()
     path = built.directory / f"lib{options.name}.so"
     site = SourceSite(built.directory / built.source_name, options.label, options.first_line)

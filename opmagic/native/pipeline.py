@@ -7,8 +7,9 @@ names: headers found by any path, ``-include`` files) changed since, its library
 one recorded (size and SHA-256), or ``force``; else, under the key's lock, a new one:
 compile the unit after the precompiled torch prefix header, link, record ``build.json``,
 and publish the directory atomically.
-The CUDA full path (:mod:`opmagic.native.cuda.library`) builds with its own steps from the
-pieces here (:func:`compile_unit`, :func:`link`, :func:`publish`, :func:`compile_error`).
+A :class:`BuildVariant` (the CUDA full path, :mod:`opmagic.native.cuda.library`) adds to the
+key and builds with its own steps from the pieces here (:func:`compile_unit`, :func:`link`,
+:func:`publish`, :func:`compile_error`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ..cachedir import (
     NO_SPACE,
@@ -43,9 +44,6 @@ from .headers import PREAMBLE, Prefix, macro_name, prepare_prefix, record_macro
 from .narrowing import narrow_include_dir, narrowable
 from .options import BuildOptions
 from .toolchain import INSTALL_PYTHON_HEADERS, Toolchain, find_toolchain
-
-if TYPE_CHECKING:
-    from .cuda.library import CudaBuild
 
 _MISSING_PYTHON_H = re.compile(r"\bPython\.h: No such file or directory")
 _PCH_REJECTED = re.compile(r"\.gch: not used because (.*?) \[-Winvalid-pch\]")
@@ -76,6 +74,20 @@ class BuildInfo:
     repaired: str = ""  # what was found damaged in the cache and rebuilt, if anything
 
 
+class BuildVariant(Protocol):
+    """A build with steps of its own (the CUDA full path's ``CudaBuild``): what it adds to
+    the cache key, and how it builds a request in a scratch directory."""
+
+    def identity(self) -> dict[str, Any]:
+        """What about the variant changes the build (part of its cache key)."""
+        ...
+
+    @property
+    def build(self) -> BuildSteps:
+        """How it builds a request in a scratch directory."""
+        ...
+
+
 @dataclass(frozen=True)
 class BuildRequest:
     """Everything that decides what a build produces (all of it is in ``key``)."""
@@ -84,13 +96,13 @@ class BuildRequest:
     key: str
     flags: list[str]  # the toolchain's compile flags and the user's, but the user's -D/-U
     link_flags: list[str]
-    cuda: CudaBuild | None = None  # a CUDA full-path build: its own steps (cuda/library.py)
+    variant: BuildVariant | None = None  # a build with its own steps (the CUDA full path)
 
     @classmethod
     def create(
-        cls, options: BuildOptions, toolchain: Toolchain, cuda: CudaBuild | None
+        cls, options: BuildOptions, toolchain: Toolchain, variant: BuildVariant | None
     ) -> BuildRequest:
-        """The request to build ``options`` with ``toolchain`` (and ``cuda``), and its key."""
+        """The request to build ``options`` with ``toolchain`` (and ``variant``), and its key."""
         flags = toolchain.compile_flags(options.opt_level, options.cflags)
         link_flags = toolchain.link_flags(options.ldflags)
         key = digest(
@@ -104,10 +116,10 @@ class BuildRequest:
                 "preamble": PREAMBLE,
                 "precompiled_headers": options.precompiled_headers,
                 **toolchain.identity(),
-                **(cuda.identity() if cuda is not None else {}),
+                **(variant.identity() if variant is not None else {}),
             }
         )
-        return cls(options, key, flags, link_flags, cuda)
+        return cls(options, key, flags, link_flags, variant)
 
 
 # How a request is built in a scratch directory: (request, toolchain, cache, scratch, stopwatch)
@@ -115,13 +127,13 @@ BuildSteps = Callable[[BuildRequest, Toolchain, BuildCache, Path, Stopwatch], Bu
 
 
 def published_build(
-    options: BuildOptions, cuda: CudaBuild | None, progress: ProgressCallback | None
+    options: BuildOptions, variant: BuildVariant | None, progress: ProgressCallback | None
 ) -> tuple[BuildRequest, BuildInfo]:
-    """The published build of ``options`` (with ``cuda``: a CUDA full-path build): from the
-    cache, or built and published now under its key's lock."""
+    """The published build of ``options`` (with ``variant``: by its steps, e.g. the CUDA full
+    path's): from the cache, or built and published now under its key's lock."""
     toolchain = find_toolchain()
     cache = BuildCache()
-    request = BuildRequest.create(options, toolchain, cuda)
+    request = BuildRequest.create(options, toolchain, variant)
     try:
         return request, _cached_or_built(request, toolchain, cache, progress)
     except OSError as error:
@@ -165,7 +177,7 @@ def _cached_or_built(
             stopwatch.report(f"the cached build was damaged ({damage}); rebuilding")
         try:
             with cache.publishing(request.key, directory) as scratch:
-                steps: BuildSteps = request.cuda.build if request.cuda is not None else _build
+                steps: BuildSteps = request.variant.build if request.variant else _build
                 built = steps(request, toolchain, cache, scratch, stopwatch)
         except BaseException:
             stopwatch.finish(failed=True)
@@ -394,7 +406,7 @@ def publish(
         leftovers = [unit.object_name, *leftovers]
     log = "\n".join(step.output for step in steps if step.output.strip())
     compile_seconds = sum(s.seconds for s in steps[:-1]) - device_seconds
-    record = {
+    record: dict[str, Any] = {
         "header_set": header_set.name if header_set else None,
         "precompiled": precompiled,
         "commands": [step.command_line for step in steps],

@@ -32,6 +32,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .._torch import dispatcher
 from ..cachedir import opened_names
@@ -248,7 +249,7 @@ def _in_child(
 
 def _read_until_closed(fd: int, deadline: float) -> bytes:
     """Everything written to the pipe ``fd`` until its writer closes it (or the deadline)."""
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -264,7 +265,9 @@ def _read_until_closed(fd: int, deadline: float) -> bytes:
 def _failure(trial: _Trial, messages: list[dict], status: int, output: str) -> LoadError:
     """The error for a build that crashed or registered outside its blocks in the child."""
     site, name = trial.site, trial.path.name
-    last_step = next((m for m in reversed(messages) if "step" in m), {"step": "start"})
+    last_step: dict[str, Any] = next(
+        (m for m in reversed(messages) if "step" in m), {"step": "start"}
+    )
     static = next((m["static"] for m in messages if "static" in m), None)
     if static is not None:
         line = _static_line(static, trial)

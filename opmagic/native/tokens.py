@@ -44,12 +44,14 @@ def tokenize(source: str) -> list[Token]:
     position, line = 0, 1
     while position < len(source):
         if source[position] == "#" and _only_blanks_before(source, position):
-            end = _DIRECTIVE.match(source, position).end()
+            directive = _DIRECTIVE.match(source, position)
+            assert directive is not None  # "#" followed by anything matches
+            end = directive.end()
             tokens.append(Token("directive", source[position:end], position, end, line))
         else:
             match = _TOKEN.match(source, position)
             assert match is not None  # "." matches any character
-            kind = "string" if match.lastgroup in ("raw", "delim") else match.lastgroup
+            kind = "string" if match.lastgroup in ("raw", "delim") else str(match.lastgroup)
             end = match.end()
             if kind not in ("space", "comment"):
                 tokens.append(Token(kind, match.group(), position, end, line))

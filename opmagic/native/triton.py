@@ -27,6 +27,7 @@ import linecache
 import logging
 import re
 import sys
+import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -398,7 +399,7 @@ def _compile_error(kernel: CellKernel, error: Exception) -> TritonKernelError:
     places = [
         place
         for src, line, column, _ in chain
-        if (place := _place(kernel, src, line, column))[0] is not None
+        if (place := _place(kernel, src, line, column)) is not None
     ]
     filename, line, column, name = places[-1] if places else (None, None, None, kernel.name)
     callers = [
@@ -410,14 +411,15 @@ def _compile_error(kernel: CellKernel, error: Exception) -> TritonKernelError:
 
 def _place(
     kernel: CellKernel, src: str | None, line: int | None, column: int | None
-) -> tuple[str | None, int | None, int | None, str]:
+) -> tuple[str, int, int | None, str] | None:
     """``(filename, line, column, function name)`` of a compile error's position, from the
-    position Triton gives relative to the ``def`` of the function its ``src`` holds."""
+    position Triton gives relative to the ``def`` of the function its ``src`` holds; None
+    when it is in none of the user's functions."""
     match = re.search(r"^\s*def\s+(\w+)", src or "", re.M)
     name = match[1] if match else kernel.name
     function = _function_named(kernel.function, name)
     if function is None or line is None:
-        return None, None, None, name
+        return None
     start = def_line(function)
     filename = function.__code__.co_filename
     indent = linecache.getline(filename, start)
@@ -599,7 +601,7 @@ def _tensors(name: str, value: Any) -> Iterator[_Tensor]:
 def _access_site(kernel: CellKernel) -> tuple[str, int, str]:
     """``(filename, line, function)`` of the kernel line making the access now."""
     files = _kernel_files() | {kernel.filename}
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_filename in files:
             return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name

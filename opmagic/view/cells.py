@@ -32,7 +32,7 @@ def custom_op_text(result: CustomOpResult, details: Sequence[str] = ()) -> str:
     others = sum(1 for e in result.table.entries if e.has_kernel and not e.is_own)
     every_key = f"print(opmagic.dispatch_table({result.function}).diagram(show_all=True))"
     lines += fitted([f"    ({others} more keys run backend fallbacks; every key: {every_key})"])
-    if result.checks is not None:
+    if isinstance(result.checks, CheckReport):
         lines.append(check_text(result.checks))
     return "\n".join(lines)
 
@@ -50,7 +50,7 @@ def custom_op_html(result: CustomOpResult, details: str = "") -> str:
     HTML a more specific summary adds after the notes."""
     rows = [(k.key, k.role, k.function, k.where) for k in result.kernels]
     notes = "".join(f'<div class="dim">note: {escape(n)}</div>' for n in result.notes)
-    checks = check_html(result.checks) if result.checks is not None else ""
+    checks = check_html(result.checks) if isinstance(result.checks, CheckReport) else ""
     return styled(
         f"<b>{escape(result.schema)}</b>"
         f'<div class="dim">call it as {escape(result.function)}(...) or '

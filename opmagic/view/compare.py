@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from ..display import renders
+from ..display import format_duration, renders
 from ..verify.compare import CaseResult, Comparison, SweepProgress
 from .style import DIM_COLOUR, FAIL_COLOUR, FAIL_FILL, STATUS_COLOURS, styled
 
@@ -37,16 +37,6 @@ class _Column:
     cell: Callable[[CaseResult], str]
     drop_order: int  # columns with the highest numbers go first when the terminal is narrow
     when: Callable[[Comparison], bool] = lambda comparison: True
-
-
-def format_seconds(seconds: float | None) -> str:
-    """``"2.13 µs"``, ``"1.20 ms"``, ``"0.851 s"``; ``"-"`` when not timed."""
-    if seconds is None:
-        return "-"
-    for unit, scale in (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3)):
-        if seconds < scale * 1000:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds:.3g} s"
 
 
 def _number(value: float | None, spec: str = ".2g") -> str:
@@ -75,15 +65,15 @@ _COLUMNS = (
     _Column("verdict", lambda r: r.verdict, 0),
     _Column("max abs err", lambda r: _number(r.max_abs_error), 4),
     _Column("max rel err", lambda r: _number(r.max_rel_error), 6),
-    _Column("time", lambda r: format_seconds(r.time), 0),
-    _Column("ref time", lambda r: format_seconds(r.reference_time), 1),
+    _Column("time", lambda r: format_duration(r.time), 0),
+    _Column("ref time", lambda r: format_duration(r.reference_time), 1),
     _Column("speedup", _speedup, 0),
     _Column("GB/s", lambda r: _bandwidth(r.bandwidth), 5),
     _Column("ref GB/s", lambda r: _bandwidth(r.reference_bandwidth), 7),
-    _Column("fwd+bwd", lambda r: format_seconds(r.backward_time), 3, lambda c: c.backward),
+    _Column("fwd+bwd", lambda r: format_duration(r.backward_time), 3, lambda c: c.backward),
     _Column(
         "ref fwd+bwd",
-        lambda r: format_seconds(r.reference_backward_time),
+        lambda r: format_duration(r.reference_backward_time),
         3,
         lambda c: c.backward,
     ),
@@ -174,7 +164,7 @@ def _plot_html(comparison: Comparison) -> str:
     if not any(len(sizes) > 1 for sizes in timed.values()):
         return ""
     try:
-        png = comparison_plot(comparison)._repr_png_()
+        png = _figure_png(comparison_plot(comparison))
     except ImportError:
         return '<div class="dim">(pip install matplotlib to see the plot)</div>'
     return f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}"/>'
@@ -219,24 +209,25 @@ def comparison_plot(comparison: Comparison, bandwidth: bool = False) -> Figure:
     marked with a red x. A plain matplotlib Figure (not pyplot's): notebooks show it once."""
     from matplotlib.figure import Figure
 
-    series: dict[str, list[CaseResult]] = {}
+    series: dict[str, list[tuple[int, float, CaseResult]]] = {}  # (size, time, row)
     several = len({row.device for row in comparison.rows}) > 1
     for row in comparison.rows:
         if row.time is not None and row.size is not None:
             name = f"{row.dtype} {row.device}" if several else row.dtype
-            series.setdefault(name, []).append(row)
+            series.setdefault(name, []).append((row.size, row.time, row))
     panels = ["time", "speedup"] + (["bandwidth"] if bandwidth else [])
     figure = Figure(figsize=(4.8 * len(panels), 3.8), layout="constrained")
     axes = dict(zip(panels, figure.subplots(1, len(panels), squeeze=False)[0], strict=True))
     marked_failures = False  # the legend names the red x once
-    for index, (name, rows) in enumerate(series.items()):
-        rows = sorted(rows, key=lambda r: r.size)
-        sizes = [r.size for r in rows]
+    for index, (name, points) in enumerate(series.items()):
+        points = sorted(points, key=lambda point: point[0])
+        sizes = [size for size, _, _ in points]
+        rows = [row for _, _, row in points]
         colour = f"C{index % 10}"
         ax = axes["time"]
         ax.plot(
             sizes,
-            [r.time * 1e6 for r in rows],
+            [time * 1e6 for _, time, _ in points],
             "o-",
             color=colour,
             label=f"{name}: {comparison.candidate}",
@@ -266,11 +257,11 @@ def comparison_plot(comparison: Comparison, bandwidth: bool = False) -> Figure:
                 alpha=0.7,
                 label=f"{name}: {comparison.reference}",
             )
-        failing = [r for r in rows if r.status != "pass"]
+        failing = [(size, time) for size, time, row in points if row.status != "pass"]
         if failing:
             ax.plot(
-                [r.size for r in failing],
-                [r.time * 1e6 for r in failing],
+                [size for size, _ in failing],
+                [time * 1e6 for _, time in failing],
                 "x",
                 color=FAIL_COLOUR,
                 markersize=11,
@@ -284,7 +275,7 @@ def comparison_plot(comparison: Comparison, bandwidth: bool = False) -> Figure:
         "speedup": ("reference time / candidate time", "speedup (above 1: candidate faster)"),
         "bandwidth": ("achieved GB/s (inputs + outputs)", "bandwidth"),
     }
-    all_sizes = [row.size for rows in series.values() for row in rows]
+    all_sizes = [size for points in series.values() for size, _, _ in points]
     for panel, ax in axes.items():
         ylabel, title = titles[panel]
         ax.set_title(title)
@@ -307,7 +298,8 @@ def comparison_plot(comparison: Comparison, bandwidth: bool = False) -> Figure:
             transform=axes["time"].transAxes,
         )
     figure.suptitle(f"{comparison.candidate} vs {comparison.reference}")
-    figure._repr_png_ = types.MethodType(_figure_png, figure)  # notebooks display it
+    # notebooks display it (a Figure has no _repr_png_ of its own)
+    setattr(figure, "_repr_png_", types.MethodType(_figure_png, figure))  # noqa: B010
     return figure
 
 
@@ -339,12 +331,12 @@ def progress_text(progress: SweepProgress) -> str:
         if progress.stopped:
             return (
                 f"{task}: stopped after {progress.done} of {progress.total} {unit} "
-                f"({progress.elapsed:.1f} s)"
+                f"({format_duration(progress.elapsed, 2)})"
             )
-        return f"{task}: {progress.total} {unit} in {progress.elapsed:.1f} s"
+        return f"{task}: {progress.total} {unit} in {format_duration(progress.elapsed, 2)}"
     return (
         f"{task} {_bar(progress, 20)} {progress.done}/{progress.total} {unit} · "
-        f"{progress.case} · {progress.elapsed:.1f} s"
+        f"{progress.case} · {format_duration(progress.elapsed, 2)}"
     )
 
 
@@ -356,7 +348,7 @@ def progress_html(progress: SweepProgress) -> str:
     return styled(
         f'<progress value="{progress.done}" max="{progress.total}"></progress> '
         f"{progress.done}/{progress.total} {escape(progress.unit)} · {escape(progress.case)} · "
-        f"{progress.elapsed:.1f} s"
+        f"{format_duration(progress.elapsed, 2)}"
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from ..cells.cuda_kernel import CudaKernelResult
-from ..display import renders
+from ..display import format_duration, renders
 from ..native.cuda.nvrtc import CudaKernels
 from .cells import own_kernel_rows
 from .layout import aligned, html_rows, joined
@@ -16,7 +16,8 @@ from .table import table_html
 def _summary(kernels: CudaKernels) -> str:
     """One line: what NVRTC made, for which architecture, and how long it took."""
     binary = kernels.binary
-    how = "from the cache" if kernels.cached else f"in {kernels.compile_seconds * 1000:.0f} ms"
+    took = format_duration(kernels.compile_seconds, 2)
+    how = "from the cache" if kernels.cached else f"in {took}"
     return f"{kernels.label}: NVRTC compiled {binary.kind.upper()} for {binary.arch} {how}"
 
 

@@ -20,7 +20,7 @@ from ..dispatch.diff import (
 )
 from ..dispatch.diff.labels import entry_text
 from ..dispatch.diff.result import FRAME_COLUMNS
-from ..display import renders
+from ..display import format_duration, renders
 from .layout import aligned, fitted, html_rows, more_note
 from .style import styled
 
@@ -44,7 +44,7 @@ def snapshot_text(snapshot: DispatchSnapshot) -> str:
     return (
         f"dispatcher snapshot: {len(snapshot.dumps):,} operators, "
         f"{len(snapshot.fallbacks)} backend fallbacks, {len(snapshot.routes)} torch._native "
-        f"routes ({snapshot.seconds:.2f} s); compare with opmagic.diff(snapshot)"
+        f"routes ({format_duration(snapshot.seconds)}); compare with opmagic.diff(snapshot)"
     )
 
 
@@ -67,7 +67,7 @@ def summary(diff: DispatchDiff) -> str:
             parts.append(_count(len(changes), one, many))
     overrides = len(diff.aten_overrides)
     note = f"; {_count(overrides, 'aten override', 'aten overrides')}" if overrides else ""
-    return f"dispatcher diff: {', '.join(parts)}{note} ({diff.seconds:.2f} s)"
+    return f"dispatcher diff: {', '.join(parts)}{note} ({format_duration(diff.seconds)})"
 
 
 @renders(DispatchDiff, "text")

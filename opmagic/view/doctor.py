@@ -7,9 +7,8 @@ from __future__ import annotations
 from html import escape
 from typing import TYPE_CHECKING
 
-from ..display import renders
+from ..display import format_duration, renders
 from ..verify.doctor import Diagnosis, Finding, RungResult
-from .compare import format_seconds
 from .layout import aligned, fitted, terminal_width
 from .style import FAIL_FILL, STATUS_COLOURS, styled
 
@@ -44,7 +43,7 @@ def diagnosis_text(diagnosis: Diagnosis, width: int | None = None) -> str:
     rows = [
         [
             f"{_MARKS[rung.status]} {rung.title.ljust(title_width)}  {rung.status:<4}  "
-            + (format_seconds(rung.seconds) if rung.status != "skip" else "").rjust(8),
+            + (format_duration(rung.seconds) if rung.status != "skip" else "").rjust(8),
             _rung_note(rung),
         ]
         for rung in diagnosis.rungs
@@ -53,7 +52,7 @@ def diagnosis_text(diagnosis: Diagnosis, width: int | None = None) -> str:
     for number, finding in enumerate(diagnosis.findings, 1):
         lines.append("")
         lines += _finding_text(number, finding, width)
-    lines += fitted([f"  ladder climbed in {format_seconds(diagnosis.seconds)}"], width)
+    lines += fitted([f"  ladder climbed in {format_duration(diagnosis.seconds)}"], width)
     return "\n".join(lines)
 
 
@@ -81,7 +80,7 @@ def diagnosis_html(diagnosis: Diagnosis) -> str:
             f'<b style="color:{_colour(rung.status)}">'
             f"{_MARKS[rung.status]} {escape(rung.status)}</b>"
         )
-        time = escape(format_seconds(rung.seconds)) if rung.status != "skip" else ""
+        time = escape(format_duration(rung.seconds)) if rung.status != "skip" else ""
         rows.append(
             f"<tr{fill}><td>{escape(rung.title)}</td><td>{status}</td><td>{time}</td>"
             f'<td class="dim">{escape(_rung_note(rung))}</td></tr>'
@@ -93,7 +92,7 @@ def diagnosis_html(diagnosis: Diagnosis) -> str:
         f"{escape('; '.join(diagnosis.samples))}</div>"
         "<table><tr><th>rung</th><th>status</th><th>time</th><th></th></tr>"
         f"{''.join(rows)}</table>{findings}"
-        f'<div class="dim">ladder climbed in {escape(format_seconds(diagnosis.seconds))}</div>'
+        f'<div class="dim">ladder climbed in {escape(format_duration(diagnosis.seconds))}</div>'
     )
 
 

@@ -7,7 +7,7 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from ..dispatch.sites import shorten_path
-from ..display import renders
+from ..display import format_duration, renders
 from ..errors import CompileError
 from ..native.diagnostics import (
     MAX_SHOWN_ERRORS,
@@ -31,9 +31,10 @@ def build_summary(library: LoadedLibrary) -> str:
     if build.cached:
         how = "from the cache"
     else:
-        how = f"built in {build.seconds:.1f} s"
+        how = f"built in {format_duration(build.seconds, 2)}"
         if build.headers_seconds:
-            how += f" (of which {build.headers_seconds:.1f} s precompiling headers, once)"
+            headers_took = format_duration(build.headers_seconds, 2)
+            how += f" (of which {headers_took} precompiling headers, once)"
         if build.repaired:
             how += f" (found damaged in the cache: {build.repaired})"
     headers = (
@@ -41,9 +42,8 @@ def build_summary(library: LoadedLibrary) -> str:
         if build.precompiled
         else f"no precompiled headers: {build.note}"
     )
-    state = (
-        "unregistered" if library.closed else f"registered in {library.load_seconds * 1000:.0f} ms"
-    )
+    registered = f"registered in {format_duration(library.load_seconds, 2)}"
+    state = "unregistered" if library.closed else registered
     return f"lib{library.name}.so ({library.label}): {how}, {headers}; {state}"
 
 
@@ -104,7 +104,7 @@ def library_html(library: LoadedLibrary) -> str:
             for k in kernels
         )
         parts.append(f"<div>kernels added, per dispatch key</div><table>{rows}</table>")
-    tables = "".join(table._repr_html_() for table in library.tables())
+    tables = "".join(table._repr_html_() or "" for table in library.tables())
     return styled("".join(parts)) + tables
 
 

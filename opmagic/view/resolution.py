@@ -95,7 +95,7 @@ def steps_html(resolution: Resolution) -> str:
 @renders(Resolution, "html")
 def resolution_html(resolution: Resolution) -> str:
     """The call's path diagram, then the step-by-step explanation in a collapsible section."""
-    return with_diagram(resolution.diagram(), "step by step", steps_html(resolution))
+    return with_diagram(resolution_diagram(resolution), "step by step", steps_html(resolution))
 
 
 renders(Resolution, "mimebundle")(result_bundle)  # its diagram (SVG) plus its text

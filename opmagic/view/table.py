@@ -110,7 +110,7 @@ def overload_tables_text(tables: OverloadTables) -> str:
 def table_html(table: DispatchTable) -> str:
     """The table's diagram, then its rows (keys served alike merged) in a collapsible section."""
     listing = listing_html(table)
-    return with_diagram(table.diagram(), "the operator's own kernels, per key", listing)
+    return with_diagram(table_diagram(table), "the operator's own kernels, per key", listing)
 
 
 def listing_html(table: DispatchTable, show_all: bool = False) -> str:

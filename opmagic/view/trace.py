@@ -30,7 +30,7 @@ from ..dispatch.trace import (
     ValueSummary,
 )
 from ..dispatch.trace.compare import TraceComparison, TracedValue
-from ..display import Displayable, renders
+from ..display import Displayable, format_duration, renders
 from .diagram import Diagram, dot_label
 from .layout import wrap
 from .style import FAIL_COLOUR, KIND_COLOURS, KIND_FILLS, styled
@@ -63,15 +63,6 @@ EMPTY = "The traced code made no operator calls."
 ACCUMULATES = "adds the gradient into a leaf tensor's .grad"
 
 
-def _time(ns: int) -> str:
-    """A duration for people: ``12 µs``, ``1.3 ms``, ``2.1 s``."""
-    if ns < 1_000_000:
-        return f"{ns / 1000:.0f} µs"
-    if ns < 1_000_000_000:
-        return f"{ns / 1e6:.2f} ms"
-    return f"{ns / 1e9:.2f} s"
-
-
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
@@ -82,8 +73,8 @@ def _headline(trace: Trace) -> list[str]:
     made = sum(1 for item in trace.calls if isinstance(item, TracedCall))
     text = (
         f"trace: {_plural(total, 'operator call')} ({made} made by the traced code itself"
-        f"{_groups_counted(trace)}), {_time(trace.time_ns)} "
-        f"(tracing added {_time(trace.overhead_ns)})"
+        f"{_groups_counted(trace)}), {format_duration(trace.time_ns / 1e9)} "
+        f"(tracing added {format_duration(trace.overhead_ns / 1e9)})"
     )
     lines = [text]
     once = [call for call in trace.walk() if call.first_call]
@@ -197,7 +188,7 @@ class _Section:
         calls = sum(sum(1 for _ in item.walk()) for item in self.items)
         time_ns = sum(item.time_ns for item in self.items)
         counted = f"{_plural(nodes, 'autograd node')}, " if nodes else ""
-        return f"{self.phase}: {counted}{_plural(calls, 'call')}, {_time(time_ns)}"
+        return f"{self.phase}: {counted}{_plural(calls, 'call')}, {format_duration(time_ns / 1e9)}"
 
 
 def _sections(items: Sequence[TracedItem]) -> list[_Section]:
@@ -338,7 +329,7 @@ def calls_text(items: Sequence[TracedItem], width: int | None = None) -> list[st
 
 def _text_row(name: str, item: TracedItem, name_width: int, width: int) -> list[str]:
     """An item's line (name, detail, time right-aligned) and the lines under it."""
-    time = _time(item.time_ns).rjust(9)
+    time = format_duration(item.time_ns / 1e9).rjust(9)
     marked = "⚠ " if isinstance(item, TracedCall) and item.first_call else ""
     middle_width = max(10, width - name_width - len(time) - 4)
     left = _clip(name, name_width).ljust(name_width)
@@ -428,7 +419,7 @@ def _row_html(item: TracedItem, tag: str) -> str:
     main, text = _main_html(item)
     return (
         f'<{tag} class="row"><span class="main" title="{escape(text)}">{main}</span>'
-        f'<span class="time">{_time(item.time_ns)}</span></{tag}>'
+        f'<span class="time">{format_duration(item.time_ns / 1e9)}</span></{tag}>'
     )
 
 
@@ -484,7 +475,8 @@ def _entry_html(entry: TracedItem | _ModuleFold) -> str:
     time_ns = sum(item.time_ns for item in entry.items())
     return (
         f'<details class="module" open="open"><summary class="row"><span class="main">'
-        f'{escape(entry.title)}</span><span class="time">{_time(time_ns)}</span></summary>'
+        f'{escape(entry.title)}</span>'
+        f'<span class="time">{format_duration(time_ns / 1e9)}</span></summary>'
         f'<div class="calls">{rows}</div></details>'
     )
 
@@ -682,7 +674,7 @@ class _CallGraph:
         lines = (
             call.op,
             " → ".join(call.path) or "(no kernel ran)",
-            f"{call.kernel_kind}, {_time(call.time_ns)}",
+            f"{call.kernel_kind}, {format_duration(call.time_ns / 1e9)}",
         )
         target.node(
             name,

@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts JupyterLab and a browser
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "build" / "browser"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -110,6 +110,7 @@ def _registrations(dump: str) -> list[str]:
     return [re.sub(r"registered at \S+", "", line) for line in dump.splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell_id", ["the-cell", None], ids=["cell id", "no cell id"])
 @pytest.mark.parametrize("kind", list(RERUN_CELLS))
 def test_rerunning_a_cell_100_times_grows_nothing_and_warns_nothing(
@@ -656,6 +657,7 @@ def test_the_session_works_without_ipython() -> None:
     assert "t_plain::f" not in torch._C._dispatch_get_all_op_names()
 
 
+@pytest.mark.slow
 def test_torch_library_cells_are_listed_and_removed_at_unload(ipython, build_cache) -> None:
     """A %%torch_library cell's C++ library is one of the session's cells' resources."""
     names = torch._C._dispatch_get_all_op_names()
@@ -723,6 +725,7 @@ def test_unload_finishes_the_teardown_when_one_step_fails(ipython) -> None:
         ipython.reset()
 
 
+@pytest.mark.slow
 def test_a_cell_may_not_redefine_an_op_of_a_torch_library_cell_and_is_told_why(
     cells: Cells, build_cache
 ) -> None:

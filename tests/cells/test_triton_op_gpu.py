@@ -68,6 +68,7 @@ def test_a_compile_error_is_shown_at_the_kernels_cell_line():
         namespace["add"](x, x)
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph_sees_the_kernel_and_an_edit_compiles_anew():
     namespace, _ = define()
     x, y = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")

@@ -20,6 +20,7 @@ def live_table(op: str) -> dict[str, tuple[str, str, bool]]:
     return parse_computed_table(_C._dispatch_dump_table(op))
 
 
+@pytest.mark.exhaustive  # every operator of the process: CI's; the tests below check the rules
 def test_every_operator_of_the_process():
     snapshot = opmagic.snapshot()
     wrong = []

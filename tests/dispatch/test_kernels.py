@@ -101,6 +101,7 @@ def test_non_functional_kernels_are_named_by_their_alias():
     assert (row.kind, row.alias) == ("alias", "CompositeExplicitAutogradNonFunctional")
 
 
+@pytest.mark.exhaustive  # every operator of the process, twice: CI's
 def test_all_ops_and_default_keys():
     frame = kernels()
     assert frame["op"].str.startswith("aten::").sum() > 1000

@@ -20,6 +20,8 @@ from opmagic import ArgumentsMismatchError, resolve
 
 from .ground_truth import CONTEXTS, check_against_dispatcher
 
+pytestmark = pytest.mark.matrix  # a stratified sample runs in the fast loop (tests/conftest.py)
+
 TYPES = [
     "int", "SymInt", "float", "bool", "str", "Scalar", "complex", "Device", "ScalarType",
     "Layout", "MemoryFormat", "Generator?", "int[]", "int[2]", "SymInt[]", "float[]", "bool[]",

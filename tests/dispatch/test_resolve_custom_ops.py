@@ -21,6 +21,8 @@ import torch
 from .ground_truth import CONTEXTS, PassThroughMode, check_against_dispatcher
 from .probes import ProbeOp, make_probe_op, probe_custom_op
 
+pytestmark = pytest.mark.matrix  # a stratified sample runs in the fast loop (tests/conftest.py)
+
 _names = itertools.count()
 
 

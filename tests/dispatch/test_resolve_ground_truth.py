@@ -16,6 +16,8 @@ import torch
 
 from .ground_truth import ASSUMED_REPEATS, CONTEXTS, PAIR_KERNEL_SETS, check_against_dispatcher
 
+pytestmark = pytest.mark.matrix  # a stratified sample runs in the fast loop (tests/conftest.py)
+
 
 def _complex() -> torch.Tensor:
     return torch.randn(3, dtype=torch.cfloat)

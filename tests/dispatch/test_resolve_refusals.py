@@ -20,6 +20,8 @@ from opmagic import resolve
 from .ground_truth import CONTEXTS, check_against_dispatcher
 from .probes import make_probe_op
 
+pytestmark = pytest.mark.matrix  # a stratified sample runs in the fast loop (tests/conftest.py)
+
 SCHEMAS = {
     "functional": "(Tensor x, Tensor y) -> Tensor",
     "in_place": "(Tensor(a!) x, Tensor y) -> Tensor(a!)",

@@ -25,6 +25,8 @@ from opmagic import resolve
 from .ground_truth import CONTEXTS, PAIR_KERNEL_SETS, check_against_dispatcher
 from .probes import make_probe_op
 
+pytestmark = pytest.mark.matrix  # a stratified sample runs in the fast loop (tests/conftest.py)
+
 
 class PlainSubclass(torch.Tensor):
     """A ``_make_subclass`` subclass whose handler runs the op with Python dispatch off."""

@@ -25,6 +25,8 @@ from opmagic.errors import CellSourceError, OpmagicError
 
 from ..native.sources import VADD, op_source
 
+pytestmark = pytest.mark.slow  # its shell compiles a C++ library; Hypothesis makes many cases
+
 
 class _WouldBuild(Exception):
     """Raised where a build would start: the options were accepted."""
@@ -110,7 +112,6 @@ _SETTINGS = settings(
 )
 
 
-@pytest.mark.slow
 @_SETTINGS
 @given(line=_LINE)
 def test_generated_torch_library_lines(shell, no_builds, line):
@@ -118,7 +119,6 @@ def test_generated_torch_library_lines(shell, no_builds, line):
     _earlier_ops_work()
 
 
-@pytest.mark.slow
 @_SETTINGS
 @given(line=_LINE)
 def test_generated_cuda_kernel_lines(shell, no_builds, line):
@@ -127,7 +127,6 @@ def test_generated_cuda_kernel_lines(shell, no_builds, line):
     _earlier_ops_work()
 
 
-@pytest.mark.slow
 @_SETTINGS
 @given(line=_LINE)
 def test_generated_custom_op_lines(shell, line):
@@ -151,7 +150,6 @@ def twice(x: Tensor) -> Tensor:
 """
 
 
-@pytest.mark.slow
 @_SETTINGS
 @given(line=_LINE)
 def test_generated_triton_op_lines(shell, line):
@@ -160,7 +158,6 @@ def test_generated_triton_op_lines(shell, line):
     _earlier_ops_work()
 
 
-@pytest.mark.slow
 @_SETTINGS
 @given(line=_LINE, magic=st.sampled_from(["dispatch", "kernels", "opmagic", "compare"]))
 def test_generated_line_magic_lines(shell, line, magic):
@@ -204,7 +201,6 @@ _CALL = st.one_of(
 )
 
 
-@pytest.mark.slow
 @_SETTINGS
 @given(call=_CALL, options=st.sampled_from(["", "--all", "--no-grad", "--autocast cpu", "--fake"]))
 def test_generated_dispatch_calls(shell, call, options):
@@ -263,7 +259,6 @@ _STATEMENT = st.sampled_from(
 )
 
 
-@pytest.mark.slow
 @_SETTINGS
 @given(
     statements=st.lists(_STATEMENT, max_size=5),
@@ -275,7 +270,6 @@ def test_generated_custom_op_cells(shell, statements, name):
     _earlier_ops_work()
 
 
-@pytest.mark.slow
 @_SETTINGS
 @given(
     source=st.lists(

@@ -25,7 +25,7 @@ from ..native.sources import MINIMAL_INCLUDES, op_source, reload_variant, stable
 
 
 @pytest.fixture(scope="module")
-def shell(ipython, build_cache) -> Iterator[Any]:
+def shell(ipython) -> Iterator[Any]:
     """The test shell with ``%load_ext opmagic`` done (undone after the module)."""
     ipython.run_line_magic("load_ext", "opmagic")
     ipython.run_cell("import torch")
@@ -67,6 +67,7 @@ def test_the_magic_documents_its_options(shell):
     assert "--force" in doc and "--verbose" in doc
 
 
+@pytest.mark.slow
 def test_a_cell_registers_its_ops_and_shows_them_at_cell_lines(shell, magics):
     result = run(shell, "", op_source("mg_basic"), cell_id="mg-basic")
     assert result.success
@@ -78,6 +79,7 @@ def test_a_cell_registers_its_ops_and_shows_them_at_cell_lines(shell, magics):
     assert tracked_libraries() == [library]
 
 
+@pytest.mark.slow
 def test_twenty_edit_and_rerun_cycles_replace_schemas_and_kernels(shell, magics):
     x = torch.ones(2)
     for cycle in range(20):
@@ -91,6 +93,7 @@ def test_twenty_edit_and_rerun_cycles_replace_schemas_and_kernels(shell, magics)
         assert tracked_libraries() == [result.result]
 
 
+@pytest.mark.slow
 def test_a_compile_error_stops_the_run_and_keeps_the_previous_version(shell, magics):
     assert run(shell, "", op_source("mg_error"), cell_id="mg-error").success
     broken = op_source("mg_error", kernel="at::Tensor scale(const at::Tensor& x) { return y; }")
@@ -102,6 +105,7 @@ def test_a_compile_error_stops_the_run_and_keeps_the_previous_version(shell, mag
     assert shell.run_cell("torch.ops.mg_error.scale(torch.ones(1)).item()").result == 2.0
 
 
+@pytest.mark.slow
 def test_in_a_notebook_progress_updates_in_place_and_errors_show_the_cell_line(
     shell, magics, monkeypatch
 ):
@@ -119,6 +123,7 @@ def test_in_a_notebook_progress_updates_in_place_and_errors_show_the_cell_line(
     assert "CompileError" not in captured.stdout  # shown once: no traceback after it
 
 
+@pytest.mark.slow
 def test_a_registration_error_names_the_cell_line_and_keeps_the_previous_version(shell, magics):
     assert run(shell, "", op_source("mg_reg"), cell_id="mg-reg").success
     duplicate = op_source("mg_reg").replace(
@@ -170,6 +175,7 @@ def test_an_edit_that_changes_kernel_signatures_drops_other_cells_kernels_on_the
         assert torch.ops.mg_sig.scale(torch.ones(2)).shape == (2,)
 
 
+@pytest.mark.slow
 def test_without_cell_ids_a_cell_is_recognised_by_the_namespace_it_defines(shell, magics):
     assert run(shell, "", op_source("mg_noid")).success
     edited = op_source("mg_noid", kernel="at::Tensor scale(const at::Tensor& x) { return x; }")
@@ -198,6 +204,7 @@ def test_a_new_cell_defining_the_namespace_replaces_the_earlier_cells_library(sh
     assert again.success and again.result.notes == ()
 
 
+@pytest.mark.slow
 def test_options_reach_compile_library(shell, magics, tmp_path, capsys):
     (tmp_path / "offset.h").write_text("constexpr int kOffset = 40;\n")
     source = op_source(
@@ -225,6 +232,7 @@ def test_bad_options_are_refused_with_the_magic_named(shell, magics):
     assert isinstance(result.error_in_exec, UsageError)
 
 
+@pytest.mark.slow
 def test_a_stable_abi_cell_reruns_like_a_classic_one(shell, magics):
     result = run(shell, "", stable_op_source("mg_stable"), cell_id="mg-stable")
     assert result.success, result.error_in_exec
@@ -244,6 +252,7 @@ def test_a_stable_abi_cell_reruns_like_a_classic_one(shell, magics):
     assert shell.run_cell("torch.ops.mg_stable.fill(torch.ones(1)).item()").result == 3.0
 
 
+@pytest.mark.slow
 def test_unload_unregisters_every_library_the_cells_loaded(shell):
     assert run(shell, "", op_source("mg_close"), cell_id="mg-close").success
     assert run(shell, "", op_source("mg_close2")).success

@@ -19,6 +19,8 @@ from opmagic.native import compile_library, precompile_headers
 
 from .sources import op_source
 
+pytestmark = pytest.mark.slow  # compiles C++
+
 ROOT = Path(__file__).resolve().parents[2]
 # builds the source on stdin (keywords as JSON in argv[1]), calls its op, reports as JSON
 _CHILD = textwrap.dedent(
@@ -97,7 +99,6 @@ def other_library(build_cache) -> Path:
     return library.path
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind",
     [
@@ -160,7 +161,6 @@ def observer_cache(tmp_path_factory) -> Path:
     return home
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "found"),
     [
@@ -190,7 +190,6 @@ def test_a_damaged_observer_is_rebuilt_not_loaded(
     assert not list(home.glob("opmagic/v1/tmp/*"))
 
 
-@pytest.mark.slow
 def test_an_observer_that_does_not_load_is_rebuilt(observer_cache, other_library, tmp_path):
     home = tmp_path / "home"
     shutil.copytree(observer_cache, home, symlinks=True)
@@ -226,7 +225,6 @@ def _read_only_cache(cache_home: Path) -> tuple[str, ...]:
     return ("unshare", "-rm", "sh", "-c", script, "sh")
 
 
-@pytest.mark.slow
 @needs_mounts
 def test_a_read_only_cache_serves_hits_and_names_itself_on_a_miss(build_cache):
     source = op_source("cf_read_only")
@@ -256,7 +254,6 @@ def _full_disk(size: str, directory: Path) -> tuple[str, ...]:
     return ("unshare", "-rm", "sh", "-c", script, "sh")
 
 
-@pytest.mark.slow
 @needs_mounts
 def test_a_full_disk_is_named_and_disables_nothing(tmp_path):
     home = tmp_path / "small"
@@ -277,7 +274,6 @@ def test_a_full_disk_is_named_and_disables_nothing(tmp_path):
     assert "No space left on device" in tiny["message"]
 
 
-@pytest.mark.slow
 def test_a_damaged_precompiled_header_is_rebuilt_and_force_rebuilds_a_forged_one(
     tmp_path, monkeypatch
 ):

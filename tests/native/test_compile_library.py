@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 import torch
 
 import opmagic
@@ -12,6 +13,8 @@ from opmagic.native import compile_library
 from opmagic.native.blocks import scan_blocks
 
 from .sources import op_source
+
+pytestmark = pytest.mark.slow  # compiles C++
 
 
 def test_a_library_registers_its_ops_and_reports_what_it_added(loaded, core_precompiled):

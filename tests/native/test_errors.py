@@ -24,6 +24,8 @@ from opmagic.native.toolchain import find_toolchain
 
 from .sources import op_source
 
+pytestmark = pytest.mark.slow  # compiles C++ (or asks compile_library to)
+
 
 def test_a_compile_error_points_at_the_line_and_keeps_the_previous_version(loaded):
     good = compile_library(op_source("err_compile"), label="cell [7]", first_line=2, progress=None)

@@ -32,6 +32,7 @@ def _options(source: str, **overrides) -> BuildOptions:
     return BuildOptions.create(source, **keywords)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [

@@ -18,6 +18,8 @@ from opmagic.native.toolchain import find_toolchain
 
 from .sources import op_source, stable_op_source
 
+pytestmark = pytest.mark.slow  # compiles C++
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -33,18 +35,16 @@ def test_an_unchanged_source_is_served_from_the_cache(loaded):
     assert first.closed and torch.ops.cl_cached.scale(torch.ones(1)).item() == 2.0
 
 
-def test_a_fresh_process_reuses_the_build_in_a_fraction_of_a_second(loaded):
+def test_a_fresh_process_reuses_the_build(loaded):
     source = op_source("cl_fresh")
     loaded.append(compile_library(source, progress=None))
     script = textwrap.dedent(
         """
-        import json, sys, time, torch
+        import json, sys, torch
         from opmagic import compile_library
-        started = time.perf_counter()
         library = compile_library(sys.stdin.read(), progress=None)
-        seconds = time.perf_counter() - started
         value = torch.ops.cl_fresh.scale(torch.ones(1)).item()
-        print(json.dumps({"cached": library.build.cached, "seconds": seconds, "value": value}))
+        print(json.dumps({"cached": library.build.cached, "value": value}))
         """
     )
     result = subprocess.run(
@@ -56,8 +56,7 @@ def test_a_fresh_process_reuses_the_build_in_a_fraction_of_a_second(loaded):
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     report = json.loads(result.stdout)
-    assert report["cached"] and report["value"] == 2.0
-    assert report["seconds"] < 1.0  # a rebuild takes > 1.5 s even with precompiled headers
+    assert report["cached"] and report["value"] == 2.0  # loaded, not built again
 
 
 def test_progress_reports_steps_with_elapsed_time_then_finishes(loaded):
@@ -147,7 +146,6 @@ def test_a_gcc_without_a_shared_libstdcxx_links_the_process_one(loaded, tmp_path
     assert "[libstdc++.so.6]" in dynamic  # the shared one, not a static copy
 
 
-@pytest.mark.slow
 def test_a_macro_that_changes_torch_headers_gets_its_own_precompiled_header(
     loaded, core_precompiled
 ):
@@ -168,7 +166,6 @@ def test_a_macro_that_changes_torch_headers_gets_its_own_precompiled_header(
     assert torch.ops.cl_ndebug.scale(torch.ones(1)).item() == 2.0
 
 
-@pytest.mark.slow
 def test_a_missing_precompiled_header_is_built_in_the_background_not_waited_for(loaded):
     """The first build of a header set parses the headers itself while a background process
     precompiles them; a build after that process is done uses them."""
@@ -217,7 +214,6 @@ def test_ccache_is_used_when_cxx_names_it(loaded, tmp_path, monkeypatch):
     assert library.build.commands[0].startswith(str(fake))
 
 
-@pytest.mark.slow
 def test_a_first_build_starts_the_background_precompile_after_its_compile(
     loaded, tmp_path, monkeypatch
 ):

@@ -15,6 +15,8 @@ from opmagic.native import compile_library
 
 from .sources import MINIMAL_INCLUDES, op_source
 
+pytestmark = pytest.mark.slow  # compiles C++
+
 
 def _schema(name: str) -> str | None:
     """The schema the dispatcher has for an operator's default overload, if any."""

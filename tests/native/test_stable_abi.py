@@ -15,6 +15,8 @@ from opmagic.native import compile_library
 
 from .sources import MINIMAL_INCLUDES, STABLE_INCLUDES, stable_op_source
 
+pytestmark = pytest.mark.slow  # compiles C++
+
 
 def test_a_stable_source_is_compiled_against_stable_headers_only(loaded):
     library = compile_library(stable_op_source("st_headers"), progress=None)

@@ -9,18 +9,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 
 import opmagic
 from opmagic import LoadedLibrary, compile_library
 
+pytestmark = pytest.mark.slow  # compiles C++
+
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "dispatcher_tutorial.ipynb"
 
 
 def tutorial_cells() -> list[str]:
     """The C++ sources of the notebook's %%torch_library cells, in order."""
+    import nbformat  # slow to import: only when the tests run
+
     cells = nbformat.read(NOTEBOOK, as_version=4).cells
     return [
         cell.source.split("\n", 1)[1]

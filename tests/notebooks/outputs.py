@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-import nbformat
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import nbformat
+
 
 
 def cell_text(cell: nbformat.NotebookNode) -> str:

@@ -8,6 +8,8 @@ from opmagic.native.cuda.toolkit import gpu_unavailable_reason
 
 from .outputs import cell_text
 
+pytestmark = pytest.mark.slow  # runs a notebook in a kernel
+
 pytest.importorskip("cuda.bindings.nvrtc", reason='needs pip install "opmagic[cuda]"')
 
 

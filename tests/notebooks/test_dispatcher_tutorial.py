@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 
-import nbformat
 import pytest
 
 from .outputs import cell_text
+
+if TYPE_CHECKING:
+    import nbformat
+
+pytestmark = pytest.mark.slow  # runs a notebook in a kernel
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +22,6 @@ def executed(run_notebook) -> list[nbformat.NotebookNode]:
     return [c for c in run_notebook("dispatcher_tutorial").cells if c.cell_type == "code"]
 
 
-@pytest.mark.slow
 def test_the_dispatch_path_changes_with_each_step(executed):
     by_start = {cell.source.splitlines()[0]: cell_text(cell) for cell in executed}
     assert "path: AutogradCPU -> CPU" in by_start["x, y = torch.randn(3), torch.randn(3)"]
@@ -29,7 +34,6 @@ def test_the_dispatch_path_changes_with_each_step(executed):
     assert "('AutocastCPU', 'AutogradCPU', 'CPU')" in autocast and "torch.float32" in autocast
 
 
-@pytest.mark.slow
 def test_each_library_cell_shows_what_it_registered_at_cell_lines(executed):
     libraries = [cell_text(c) for c in executed if c.source.startswith("%%torch_library")]
     assert "myops::myadd(Tensor self, Tensor other) -> Tensor  cell [2], line 7" in libraries[0]

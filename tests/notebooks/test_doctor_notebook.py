@@ -3,8 +3,14 @@ cell by cell (each run sent with its cell id, as JupyterLab sends it) until the 
 
 from __future__ import annotations
 
-import nbformat
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    import nbformat
+
+pytestmark = pytest.mark.slow  # runs a notebook in a kernel
 
 
 @pytest.fixture(scope="module")

@@ -3,15 +3,21 @@ edited until it passes, tables and the plot (saved to build/notebooks/ as a test
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import base64
 
-import nbformat
 import pytest
 
 from opmagic.native.cuda.toolkit import gpu_unavailable_reason
 from opmagic.view.style import FAIL_FILL
 
 from .conftest import ROOT
+
+if TYPE_CHECKING:
+    import nbformat
+
+pytestmark = pytest.mark.slow  # runs a notebook in a kernel
 
 pytest.importorskip("cuda.bindings.nvrtc", reason='needs pip install "opmagic[cuda]"')
 

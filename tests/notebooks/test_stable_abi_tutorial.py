@@ -5,12 +5,18 @@ the classic tab replaces the stable one, and unloading removes everything."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 
-import nbformat
 import pytest
 
 from .outputs import cell_text
+
+if TYPE_CHECKING:
+    import nbformat
+
+pytestmark = pytest.mark.slow  # runs a notebook in a kernel
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +29,10 @@ def _library_cells(executed: list[nbformat.NotebookNode]) -> list[nbformat.Noteb
     return [c for c in executed if c.source.startswith("%%torch_library")]
 
 
-@pytest.mark.slow
 def test_no_cell_fails(executed):
     assert not [o for c in executed for o in c.outputs if o.output_type == "error"]
 
 
-@pytest.mark.slow
 def test_the_stable_cells_register_at_their_cell_lines(executed):
     first, edited, _classic = _library_cells(executed)
     number = first.execution_count
@@ -42,13 +46,11 @@ def test_the_stable_cells_register_at_their_cell_lines(executed):
     assert "extension_cpp::myadd_out(Tensor a, Tensor b, Tensor(a!) out) -> ()" in cell_text(edited)
 
 
-@pytest.mark.slow
 def test_the_tests_of_the_tutorial_pass_on_both_tabs(executed):
     runs = [cell_text(c) for c in executed if c.source.strip().endswith("test_mymuladd()")]
     assert runs == ["'mymuladd, mymul and myadd_out pass'"] * 2
 
 
-@pytest.mark.slow
 def test_a_failing_edit_shows_its_errors_once_and_keeps_the_previous_version(executed):
     cell = next(c for c in executed if c.source.startswith("edited = "))
     html = [o.data["text/html"] for o in cell.outputs if "text/html" in o.get("data", {})]
@@ -58,7 +60,6 @@ def test_a_failing_edit_shows_its_errors_once_and_keeps_the_previous_version(exe
     assert "tensor([" in cell_text(cell)  # mymul, from the version that compiled
 
 
-@pytest.mark.slow
 def test_a_crashing_cell_is_refused_with_its_line_and_the_kernel_lives(executed):
     cell = next(c for c in executed if c.source.startswith("crashing = "))
     text = cell_text(cell)
@@ -66,6 +67,5 @@ def test_a_crashing_cell_is_refused_with_its_line_and_the_kernel_lives(executed)
     assert "SIGSEGV" in text and "in name_length()" in text
 
 
-@pytest.mark.slow
 def test_unloading_removes_every_operator(executed):
     assert "every operator of the notebook is gone" in cell_text(executed[-1])

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import nbformat
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    import nbformat
+
+pytestmark = pytest.mark.slow  # runs a notebook in a kernel
 
 
 @pytest.fixture(scope="module")

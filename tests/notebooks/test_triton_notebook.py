@@ -10,10 +10,11 @@ import pytest
 
 from .outputs import cell_text
 
+pytestmark = pytest.mark.slow  # runs a notebook in a kernel
+
 pytest.importorskip("triton", reason='needs pip install "opmagic[triton]"')
 
 
-@pytest.mark.slow
 def test_the_notebook_checks_compares_and_traces_its_triton_ops(run_notebook):
     notebook = run_notebook("triton")
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]

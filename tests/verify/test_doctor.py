@@ -391,6 +391,7 @@ def test_every_cause_has_a_meaning_and_exceptions_map_onto_codes() -> None:
     assert classify(ValueError("something else")) is None
 
 
+@pytest.mark.slow
 def test_the_doctor_leaves_the_dispatcher_caches_configs_and_random_state_as_they_were(
     ns,
 ) -> None:

@@ -99,8 +99,8 @@ def test_progress_reads_as_a_bar_and_says_how_the_sweep_ended() -> None:
     )
     assert '<progress value="3" max="12"></progress>' in running._repr_html_()
     stopped = SweepProgress(5, 12, "", 2.0, finished=True, stopped=True)
-    assert str(stopped) == "compare: stopped after 5 of 12 cases (2.0 s)"
-    assert str(SweepProgress(12, 12, "", 3.0, finished=True)) == "compare: 12 cases in 3.0 s"
+    assert str(stopped) == "compare: stopped after 5 of 12 cases (2 s)"
+    assert str(SweepProgress(12, 12, "", 3.0, finished=True)) == "compare: 12 cases in 3 s"
 
 
 class _Terminal(io.StringIO):
@@ -114,6 +114,6 @@ def test_live_progress_rewrites_one_terminal_line(monkeypatch) -> None:
     live = SweepProgress(1, 2, "a", 0.6).view("live")
     live.update(SweepProgress(2, 2, "", 0.9, finished=True))
     assert terminal.getvalue() == (
-        "\r\x1b[2Kcompare ██████████░░░░░░░░░░ 1/2 cases · a · 0.6 s"
-        "\r\x1b[2Kcompare: 2 cases in 0.9 s\n"
+        "\r\x1b[2Kcompare ██████████░░░░░░░░░░ 1/2 cases · a · 600 ms"
+        "\r\x1b[2Kcompare: 2 cases in 900 ms\n"
     )

@@ -74,9 +74,10 @@ class OperatorCall:
         kwargs = {bound.name: bound.value for bound, param in pairs if param.kwarg_only}
         return args, kwargs
 
-    def is_custom_op_kernel(self, entry: TableEntry) -> bool:
-        """Whether custom_op made the entry's kernel (an opmagic session records a cell line)."""
+    def custom_op_kernel(self, entry: TableEntry) -> dict[str, Any] | None:
+        """custom_op's parts when custom_op made the entry's kernel (an opmagic session
+        records a cell line for it), else None."""
         site = entry.site or ""
-        return self.custom_op is not None and (
-            "custom_ops.py" in site or site in self.custom_op_sites
-        )
+        if "custom_ops.py" in site or site in self.custom_op_sites:
+            return self.custom_op
+        return None

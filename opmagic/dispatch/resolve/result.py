@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ...display import Displayable
 from ..table import DispatchTable, TableEntry
-
-if TYPE_CHECKING:
-    from ...view.diagram import Diagram
-
 
 NOT_RUN = ("missing", "ambiguous", "fallthrough")
 """Entry kinds whose step is where dispatch failed, with no kernel of the op run there."""
@@ -91,6 +86,7 @@ class Resolution(Displayable):
         last = self.steps[-1] if self.steps else None
         return last.note if last is not None and last.action == "python" else None
 
-    def diagram(self, show_all: bool = False) -> Diagram:
-        """The path as a Graphviz diagram; ``show_all`` draws the op's whole table around it."""
+    def diagram(self, show_all: bool = False) -> Displayable:
+        """The path as a Graphviz diagram (a :class:`~opmagic.view.diagram.Diagram`);
+        ``show_all`` draws the op's whole table around it."""
         return self.view("diagram", show_all=show_all)

@@ -19,7 +19,8 @@ from ..table import OperatorTable
 from .binding import BoundArgument, dispatch_values, numbers_become_tensors
 from .call import DispatchState, KernelOutcome, OperatorCall
 from .handlers import kernel_outcome
-from .messages import KeyOrigin, context_words, describe_tensor, exclusion_reason, key_origins
+from .messages import describe_tensor
+from .origins import KeyOrigin, context_words, exclusion_reason, key_origins
 from .result import DispatchInput, Resolution, Skip, Step
 
 MAX_STEPS = 64

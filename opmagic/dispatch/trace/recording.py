@@ -356,7 +356,7 @@ def _dispatch_state(info: OpInfo, inputs: tuple[Any, ...]) -> tuple:
     """Everything a call's path depends on besides the op: a cache key for its segment."""
     included = dispatcher.tls_included_raw()
     layers = tuple(dispatcher.functorch_layers()) if included & _FRONT_BIT else ()
-    tensors = []
+    tensors: list[tuple | None] = []
     for value in inputs:
         if isinstance(value, torch.Tensor):
             tensors.append(_tensor_state(value, layers))

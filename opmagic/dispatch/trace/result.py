@@ -22,7 +22,6 @@ from .arguments import TensorInfo, logged_arguments, same_value, short_value
 if TYPE_CHECKING:
     import pandas
 
-    from ...view.diagram import Diagram
     from ..ops import OpParameter
     from ..table import TableEntry
 
@@ -301,8 +300,9 @@ class Trace(Displayable):
         """A row per call (depth, op, path, kernel kind, source, time, ...), depth-first."""
         return self.view("frame")
 
-    def diagram(self) -> Diagram:
-        """The call graph: calls as nodes with their paths, decompositions nested."""
+    def diagram(self) -> Displayable:
+        """The call graph (a :class:`~opmagic.view.diagram.Diagram`): calls as nodes with their
+        paths, decompositions nested."""
         return self.view("diagram")
 
 

@@ -263,8 +263,14 @@ class ThreadTree:
             else self._group(frame, time_ns, extra)
         )
         siblings = parent.children if parent is not None else self.items
-        if isinstance(item, Compilation) and siblings and _same_compilation(siblings[-1], item):
-            item = _merged(siblings.pop(), item)  # one compilation, not a row per fake call
+        previous = siblings[-1] if siblings else None
+        if (
+            isinstance(item, Compilation)
+            and isinstance(previous, Compilation)
+            and previous.compile_id == item.compile_id
+        ):
+            siblings.pop()
+            item = _merged(previous, item)  # one compilation, not a row per fake call
         siblings.append(item)
         self.spans[id(item)] = (frame.start_ns, at_ns)
         if isinstance(frame, _Open) and isinstance(parent, _Open):
@@ -309,7 +315,7 @@ class ThreadTree:
         return frame.call
 
     def _group(self, frame: _Group, time_ns: int, extra: int) -> TracedGroup:
-        common = {
+        common: dict[str, Any] = {
             "children": tuple(frame.children),
             "time_ns": time_ns,
             "depth": frame.depth,
@@ -344,7 +350,7 @@ class ThreadTree:
         compiled = self.compiled.get(compile_id)
         if compiled is None:
             return CompiledRegion(name=f"graph {compile_id}", compile_id=compile_id, **common)
-        called = {}
+        called: dict[str, TracedCall] = {}
         for call in walk_calls(common["children"]):
             called.setdefault(call.op.partition(".")[0], call)
         custom_ops = tuple(
@@ -420,10 +426,6 @@ def _custom_op_fate(call: TracedCall | None) -> str:
         return f"called, and failed: {call.error}"
     kernel = call.path[-1] if call.path else "no kernel"
     return f"called: its real {kernel} kernel ran"
-
-
-def _same_compilation(previous: TracedItem, item: Compilation) -> bool:
-    return isinstance(previous, Compilation) and previous.compile_id == item.compile_id
 
 
 def _merged(previous: Compilation, item: Compilation) -> Compilation:

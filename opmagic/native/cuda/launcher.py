@@ -18,7 +18,7 @@ import ctypes
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -27,8 +27,43 @@ from ...errors import ArgumentTypeError, NoGPUError
 from .source import KernelParameter, KernelSignature
 from .toolkit import gpu_unavailable_reason, running_gpu_arch
 
-if TYPE_CHECKING:
-    from .nvrtc import CudaKernels
+
+class KernelBinary(Protocol):
+    """A compiled module for one architecture, as the driver loads it."""
+
+    @property
+    def data(self) -> bytes:
+        """The CUBIN or PTX."""
+        ...
+
+    @property
+    def arch(self) -> str:
+        """``"sm_86"`` (CUBIN) or ``"compute_86"`` (PTX)."""
+        ...
+
+    @property
+    def kind(self) -> str:
+        """``"cubin"`` or ``"ptx"``."""
+        ...
+
+
+class KernelModule(Protocol):
+    """What a launcher needs of the compiled source it belongs to (NVRTC's ``CudaKernels``):
+    its name for messages, and the binary for a GPU's architecture."""
+
+    @property
+    def label(self) -> str:
+        """The source's name for messages (``cell [3]``)."""
+        ...
+
+    @property
+    def binary(self) -> KernelBinary:
+        """The binary compiled for the default architecture."""
+        ...
+
+    def binary_for(self, arch: str | None) -> KernelBinary:
+        """The binary for a GPU of architecture ``arch``."""
+        ...
 
 # C scalar types a launcher converts Python numbers to: (ctypes type, integral?)
 _SCALARS: dict[str, tuple[Any, bool]] = {
@@ -126,7 +161,7 @@ class CudaKernel:
     same as a method call.
     """
 
-    def __init__(self, signature: KernelSignature, module: CudaKernels) -> None:
+    def __init__(self, signature: KernelSignature, module: KernelModule) -> None:
         self.signature = signature
         self.module = module
         self.closed = False
@@ -275,7 +310,7 @@ def _dims(name: str, what: str, value: Any) -> tuple[int, int, int]:
         raise TypeError(
             f"{name}: {what} is a positive int or up to three (x, y, z), got {value!r}."
         )
-    return tuple([*parts, 1, 1][:_MAX_DIMS])  # type: ignore[return-value]
+    return tuple([*parts, 1, 1][:_MAX_DIMS])
 
 
 def _device_of(args: Sequence[Any]) -> int:
@@ -350,7 +385,7 @@ def _argument(
     if parameter.base in ("__half", "half"):
         return ctype(struct.unpack("<H", struct.pack("<e", float(value)))[0])
     if "bfloat16" in parameter.base:
-        bits = torch.tensor(float(value), dtype=torch.bfloat16).view(torch.int16).item()
+        bits = int(torch.tensor(float(value), dtype=torch.bfloat16).view(torch.int16).item())
         return ctype(bits & 0xFFFF)
     return ctype(float(value))
 

@@ -71,13 +71,13 @@ _HANDLE_SYMBOL = re.compile(r"\b(_ZN12opmagic_cuda13kernel_handleI\S+)")
 _HANDLE_DEMANGLED = re.compile(r"kernel_handle<&\(?(?:void )?(?P<kernel>.+?)(?:\(.*\))?\)?>\(\)$")
 _MISSING_HEADER = re.compile(r"([\w./+-]+\.h(?:pp)?): No such file or directory")
 _CUDA_LIBRARY_HEADERS = ("cusparse", "cublas", "cusolver", "curand", "cufft", "nccl", "cudnn")
-_HEADERS_SAMPLES = 3
 _TORCH_CUDA_LIBRARIES = ("c10_cuda", "torch_cuda")
 
 
 @dataclass(frozen=True)
 class CudaBuild:
-    """The CUDA part of a full-path build request: toolkit, architectures, split or whole."""
+    """The CUDA part of a full-path build request: toolkit, architectures, split or whole (a
+    :class:`~opmagic.native.pipeline.BuildVariant`)."""
 
     toolkit: CudaToolkit
     archs: tuple[str, ...]
@@ -409,7 +409,7 @@ def compile_cuda_library(
     )
     cuda = CudaBuild(toolkit, archs, bool(whole), nvcc, options.opt_level)
     try:
-        return load_library(options, replace=replace, progress=progress, cuda=cuda)
+        return load_library(options, replace=replace, progress=progress, variant=cuda)
     except LoadError as error:
         if torch.version.cuda is None and "::cuda::" in str(error):
             raise LoadError(

@@ -196,7 +196,7 @@ def _block_opening(tokens: list[Token], index: int) -> tuple[int, tuple[str, boo
         texts = texts[1:]
         index += 1
     if texts[:1] == ["namespace"]:
-        name_parts = []
+        name_parts: list[str] = []
         for offset, text in enumerate(texts[1:], start=1):
             if text == "{":
                 return index + offset, ("::".join(name_parts), False)

@@ -135,7 +135,7 @@ def pip_cuda_include_dirs() -> list[str]:
     return [d for d in found if os.path.isdir(d)]
 
 
-def cuda_include_dirs() -> list[str]:
+def cuda_include_dirs() -> tuple[str, ...]:
     """Where CUDA's own headers (``cuda_fp16.h``, ``cuda_runtime.h``) are, toolkit first.
 
     Used for NVRTC, which has no headers of its own; needs no nvcc.

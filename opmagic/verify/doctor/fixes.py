@@ -188,12 +188,14 @@ def _memory_order(tensor: torch.Tensor) -> list[int] | None:
     """The dims from outermost to innermost in memory, when the tensor is dense."""
     if tensor.dim() == 0 or not _is_dense(tensor):
         return None
-    return sorted(range(tensor.dim()), key=lambda d: (-tensor.stride(d), d))
+    strides = tensor.stride()
+    return sorted(range(tensor.dim()), key=lambda d: (-strides[d], d))
 
 
 def _is_dense(tensor: torch.Tensor) -> bool:
     """Whether the tensor is a permutation of a contiguous tensor."""
-    order = sorted(range(tensor.dim()), key=lambda d: (-tensor.stride(d), d))
+    strides = tensor.stride()
+    order = sorted(range(tensor.dim()), key=lambda d: (-strides[d], d))
     expected = 1
     for dim in reversed(order):
         if tensor.shape[dim] != 1 and tensor.stride(dim) != expected:
@@ -256,14 +258,18 @@ def cloned_return(kernel: Any) -> tuple[str, str] | None:
         tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError):
         return None
-    returns = [node for node in ast.walk(tree) if isinstance(node, ast.Return) and node.value]
+    returns = [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Return) and node.value is not None
+    ]
     if code is None or len(returns) != 1:
         return None
-    value = returns[0].value
+    lineno, value = returns[0]
     expression = ast.unparse(value)
     if not isinstance(value, (ast.Name, ast.Call, ast.Attribute, ast.Subscript)):
         expression = f"({expression})"
-    line = code.co_firstlineno + returns[0].lineno - 1
+    line = code.co_firstlineno + lineno - 1
     return label_location(code.co_filename, line), f"return {expression}.clone()"
 
 

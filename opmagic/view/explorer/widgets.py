@@ -22,11 +22,12 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ...display import format_duration
 from ...errors import OpmagicError
 from ...verify.samples import DTYPES, LAYOUTS, VIEWS, ArgumentSlot, devices
-from ..resolution import answer_line, steps_html
+from ..resolution import answer_line, resolution_diagram, steps_html
 from ..style import FAIL_COLOUR, styled
-from ..table import listing_html
+from ..table import listing_html, table_diagram
 from .model import ExplorerModel, find_ops, namespaces, warm_up
 
 ALL_NAMESPACES = "(all namespaces)"
@@ -248,7 +249,7 @@ class Explorer:
             self._show_message(outcome.message or "")
             return
         resolution = outcome.resolution
-        self._last_path = _fitting(resolution.diagram(self.model.show_all).svg())
+        self._last_path = _fitting(resolution_diagram(resolution, self.model.show_all).svg())
         self.path_view.value = self._last_path
         self.steps_view.value = steps_html(resolution)
         self.message.value = ""
@@ -257,7 +258,7 @@ class Explorer:
             f"<div style='white-space:normal;line-height:1.4'><b>{escape(self.model.op_name)}</b>: "
             f"<span style='color:{colour}'>{escape(answer_line(resolution))}</span> "
             f"<span style='color:#888'>(updated in "
-            f"{(time.perf_counter() - start) * 1000:.0f} ms)</span></div>"
+            f"{format_duration(time.perf_counter() - start, 2)})</span></div>"
         )
 
     def _show_message(self, text: str) -> None:
@@ -317,7 +318,7 @@ class Explorer:
         if table is None:
             self.table_view.value = self.kernels_view.value = ""
             return
-        self.table_view.value = _fitting(table.diagram(self.model.show_all).svg())
+        self.table_view.value = _fitting(table_diagram(table, self.model.show_all).svg())
         self.kernels_view.value = styled(listing_html(table, self.model.show_all))
 
 

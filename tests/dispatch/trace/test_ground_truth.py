@@ -29,6 +29,8 @@ from ..ground_truth import CONTEXTS as RESOLVE_CONTEXTS
 from ..ground_truth import Context
 from ..probes import ProbeOp, make_probe_op, served_by_probe
 
+pytestmark = pytest.mark.matrix  # a stratified sample runs in the fast loop (tests/conftest.py)
+
 
 class SharedLog:
     """One log for several probes, in the order their kernels ran: ``(op, key)`` entries."""

@@ -91,6 +91,7 @@ def _other_arch() -> str:
     return "sm_80" if major >= 9 else "sm_90"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("whole", [False, True], ids=["split", "whole"])
 def test_the_extension_cu_matches_torch(loaded, whole):
     library = compile_cuda_library(EXTENSION_CU, whole=whole, progress=None)
@@ -109,6 +110,7 @@ def test_the_extension_cu_matches_torch(loaded, whole):
     torch.testing.assert_close(result, a * b + 2.0)
 
 
+@pytest.mark.slow
 def test_a_full_path_kernel_built_for_another_gpu_fails_to_launch_loudly(loaded):
     other = _other_arch()
     library = compile_cuda_library(

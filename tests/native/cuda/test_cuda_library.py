@@ -122,7 +122,6 @@ def test_an_unchanged_cu_is_a_cache_hit_and_an_edited_one_replaces_it(loaded):
     again = compile_cuda_library(vector_ops("cu_reload"), replace=first, progress=None)
     loaded.append(again)
     assert again.build.cached and again.build.cuda_mode == "split" and first.closed
-    assert again.load_seconds < 0.5
     edited = compile_cuda_library(
         vector_ops("cu_reload", "out[i] = a[i] * b[i] - c;"), replace=again, progress=None
     )

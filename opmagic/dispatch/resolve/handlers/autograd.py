@@ -21,7 +21,7 @@ def autograd(call: OperatorCall, key: str, entry: TableEntry, keyset: int) -> Ke
     requires grad; inside a torch.func transform that Function raises.
     """
     if (
-        call.is_custom_op_kernel(entry)
+        call.custom_op_kernel(entry) is not None
         and call.state.layers
         and torch.is_grad_enabled()
         and any(value.tensor.requires_grad for value in call.state.values)
@@ -33,7 +33,7 @@ def autograd(call: OperatorCall, key: str, entry: TableEntry, keyset: int) -> Ke
             f"'{dispatcher.autograd_fallback_mode()}') runs the op below autograd; backward "
             "through its outputs warns or raises"
         )
-    elif call.is_custom_op_kernel(entry) and call.custom_op["backward"] is None:
+    elif (parts := call.custom_op_kernel(entry)) is not None and parts["backward"] is None:
         note = (
             "custom_op's autograd kernel runs the op below autograd; it has no backward "
             "formula, so backward through the output raises (add one with register_autograd)"
@@ -85,8 +85,9 @@ def autocast(call: OperatorCall, key: str, entry: TableEntry, keyset: int) -> Ke
             exclude=call.catalogue.functionality_raw(key),
         )
     device = key.removeprefix("Autocast").lower()
-    if call.is_custom_op_kernel(entry):
-        dtype = call.custom_op["autocast"].get(device)
+    parts = call.custom_op_kernel(entry)
+    if parts is not None:
+        dtype = parts["autocast"].get(device)
     else:
         dtype = dispatcher.library_autocast_dtype(call.ref.op_overload(), key)
         if dtype is None:

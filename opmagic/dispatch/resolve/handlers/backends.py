@@ -29,13 +29,14 @@ def backend_select(call: OperatorCall, key: str, entry: TableEntry, keyset: int)
     """Factory ops: torch's generated kernels and custom_op's router pick the backend."""
     catalogue = call.catalogue
     generated = "RegisterBackendSelect.cpp" in (entry.site or "")
-    if entry.kind != "kernel" or not (generated or call.is_custom_op_kernel(entry)):
+    parts = call.custom_op_kernel(entry)
+    if entry.kind != "kernel" or not (generated or parts is not None):
         return runs_then_redispatches_below(call, key, entry, keyset)
     options = {argument.name: argument.value for argument in call.arguments}
     device = options.get("device")
     device = torch.device(device) if device is not None else torch.get_default_device()
-    if not generated:
-        if device.type not in call.custom_op["device_kernels"]:
+    if parts is not None and not generated:
+        if device.type not in parts["device_kernels"]:
             return KernelOutcome("error", no_device_kernel_message(call.ref, device.type))
         target = dispatcher.dispatch_key_for_device(device.type)
         return KernelOutcome(

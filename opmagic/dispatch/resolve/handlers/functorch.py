@@ -82,10 +82,10 @@ def functorch_batched(
     state = call.state
     if not state.layers:
         return runs_then_redispatches_below(call, key, entry, keyset)
-    if call.is_custom_op_kernel(entry) and call.custom_op["vmap"] is not None:
+    parts = call.custom_op_kernel(entry)
+    if parts is not None and parts["vmap"] is not None:
         return KernelOutcome(
-            "python",
-            f"continues in Python: the vmap rule {label_callable(call.custom_op['vmap'])}",
+            "python", f"continues in Python: the vmap rule {label_callable(parts['vmap'])}"
         )
     level = state.layers[-1][1]
     values = [
