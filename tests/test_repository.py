@@ -54,3 +54,16 @@ def test_every_file_the_package_reads_is_package_data():
         if path.is_file() and path.suffix not in {".py", ".pyc"}
     }
     assert files <= shipped, sorted(files - shipped)
+
+
+def test_the_license_file_is_the_license_pyproject_names():
+    """pyproject says BSD-3-Clause; LICENSE holds that license's text (setuptools ships it
+    in the wheel as a license file), held by the opmagic authors."""
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
+    assert declared == {"text": "BSD-3-Clause"}
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("BSD 3-Clause License\n")
+    assert re.search(r"^Copyright \(c\) \d{4}, the opmagic authors$", text, re.M)
+    assert "3. Neither the name of the copyright holder nor the names of its" in text
