@@ -1,88 +1,17 @@
 """opmagic: define, compile and inspect PyTorch operators from a notebook or a script.
 
 The plain-Python API lives here; ``%load_ext opmagic`` adds the IPython magics on top of it.
+Its names are defined in ``opmagic._api`` and imported on first use (``opmagic.resolve``), so
+``import opmagic`` and ``python -m opmagic --help`` do not import torch; the views load the
+first time a result is shown, however it was made.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import view  # noqa: F401  (importing it registers the renderers)
-from .cells.cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
-from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
-from .cells.session import Session, SessionReport, active_session, registration_site
-from .cells.triton_op import TritonKernelRow, TritonOpResult, triton_op_from_source
-from .dispatch import (
-    DispatchTable,
-    KeyInfo,
-    OverloadTables,
-    Resolution,
-    Step,
-    Surprise,
-    Surprises,
-    TableEntry,
-    Trace,
-    TracedCall,
-    dispatch_table,
-    kernels,
-    key_info,
-    resolve,
-    runtime_keys,
-    trace,
-)
-from .dispatch.contexts import CallContext
-from .dispatch.diff import (
-    AffectedCalls,
-    DispatchDiff,
-    DispatchSnapshot,
-    OpTableDiff,
-    diff,
-    snapshot,
-)
-from .errors import (
-    ArgumentsMismatchError,
-    ArgumentTypeError,
-    BuildError,
-    CacheDirectoryError,
-    CacheFullError,
-    CellSourceError,
-    CompareError,
-    CompileError,
-    CudaToolkitError,
-    ForeignOperatorError,
-    LoadError,
-    NoGPUError,
-    NotAnOperatorError,
-    OperatorNameError,
-    OpmagicError,
-    RegistrationError,
-    ToolchainError,
-    TritonKernelError,
-    TritonNotInstalledError,
-    UnknownDispatchKeyError,
-    UnknownOperatorError,
-)
-from .native import (
-    CudaKernel,
-    CudaKernels,
-    LoadedLibrary,
-    cdiv,
-    compile_cuda_kernels,
-    compile_cuda_library,
-    compile_library,
-    precompile_headers,
-)
-from .native.triton import TritonLaunch
-from .verify import (
-    CaseResult,
-    CheckReport,
-    CheckRow,
-    Comparison,
-    Mismatch,
-    SweepProgress,
-    check_op,
-    compare,
-)
+from . import display
 
 if TYPE_CHECKING:
     from .view.explorer.widgets import Explorer
@@ -190,3 +119,24 @@ __all__ = [
     "trace",
     "triton_op_from_source",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, from ``opmagic._api`` (imported the first time one is asked for)."""
+    if name not in __all__:
+        raise AttributeError(f"module 'opmagic' has no attribute {name!r}")
+    value = getattr(importlib.import_module("._api", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+def _load_views() -> None:
+    """Import ``opmagic.view``, whose modules register the renderers."""
+    importlib.import_module(".view", __name__)
+
+
+display.load_views_with(_load_views)

@@ -1,5 +1,9 @@
 """``python -m opmagic``: dispatch tables, call resolution, kernels, and what importing a
-module changes in the dispatcher, from a terminal."""
+module changes in the dispatcher, from a terminal.
+
+The command line is parsed before anything heavy is imported: ``--help`` answers at once,
+without torch (the package's names load on first use).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,6 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
-
-from IPython.core.error import UsageError
 
 from .errors import OpmagicError
 from .magics.arguments import (
@@ -28,19 +30,70 @@ if TYPE_CHECKING:
 KERNEL_ROWS = 60  # rows `kernels` prints unless --rows says otherwise
 
 
+_EXAMPLES = {  # command -> (example, what it shows)
+    "table": [
+        ("table aten::add.Tensor", "the kernels aten::add.Tensor has per dispatch key"),
+        ("table aten::add.Tensor --all", "every key: fallbacks, fallthroughs, missing kernels"),
+    ],
+    "resolve": [
+        (
+            'resolve aten::mm --args "torch.randn(2, 3), torch.randn(3, 4)" --autocast cpu',
+            "the kernels a call runs under autocast, without running it",
+        ),
+        (
+            'resolve aten::add --args "torch.randn(2, requires_grad=True), torch.randn(2)" '
+            "--inference-mode",
+            "the same call in inference mode",
+        ),
+    ],
+    "kernels": [
+        ("kernels --namespace aten --key CPU --key Meta", "aten's kernels for two keys"),
+        ("kernels -n aten -k CPU --missing Meta", "aten ops with a CPU kernel but no Meta one"),
+    ],
+    "diff": [
+        (
+            'diff --exec "import torch.nn" --fail-on-aten-override',
+            "what an import changed in the dispatcher (status 1 on an aten override)",
+        ),
+    ],
+}
+
+
+def _examples(*commands: str) -> str:
+    """An argparse epilog: the examples of ``commands``, each with what it shows."""
+    lines = ["examples:"]
+    for command in commands:
+        for example, shows in _EXAMPLES[command]:
+            lines += [f"  python -m opmagic {example}", f"      {shows}"]
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m opmagic",
-        description="Inspect the PyTorch dispatcher of this process.",
+        description="Inspect the PyTorch dispatcher of this process. `python -m opmagic "
+        "COMMAND --help` describes a command's options.",
+        epilog=_examples(*_EXAMPLES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    table = commands.add_parser("table", help="an operator's dispatch table")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        """A command, its examples after its options."""
+        return commands.add_parser(
+            name,
+            help=help,
+            description=help[:1].upper() + help[1:] + ".",
+            epilog=_examples(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    table = command("table", "an operator's dispatch table")
     table.add_argument("op", help="ns::name or ns::name.overload, e.g. aten::add.Tensor")
     table.add_argument("--all", action="store_true", help="show keys without a kernel too")
     _add_svg_argument(table)
 
-    resolve = commands.add_parser("resolve", help="which kernels a call runs, without running it")
+    resolve = command("resolve", "which kernels a call runs, without running it")
     resolve.add_argument("op", help="ns::name or ns::name.overload, e.g. aten::mm")
     resolve.add_argument(
         "--args",
@@ -59,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_svg_argument(resolve)
 
-    kernels = commands.add_parser("kernels", help="kernels per dispatch key for many operators")
+    kernels = command("kernels", "kernels per dispatch key for many operators")
     add_options(kernels, KERNELS_OPTIONS)
     kernels.add_argument(
         "--rows",
@@ -69,10 +122,10 @@ def _parser() -> argparse.ArgumentParser:
         help=f"print the first N rows (default {KERNEL_ROWS}), or 'all'",
     )
 
-    diff = commands.add_parser(
+    diff = command(
         "diff",
-        help="what importing modules (or running code) changes in the dispatcher, against "
-        "this fresh interpreter's state after `import torch`",
+        "what importing modules (or running code) changes in the dispatcher, against this "
+        "fresh interpreter's state after `import torch`",
     )
     run = diff.add_mutually_exclusive_group(required=True)
     run.add_argument(
@@ -137,6 +190,8 @@ def _resolve(options: argparse.Namespace) -> str:
         args = (args,)
     kwargs = evaluate(options.kwargs, scope, "--kwargs") if options.kwargs.strip() else {}
     if not isinstance(kwargs, dict):
+        from IPython.core.error import UsageError
+
         raise UsageError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
     resolution = call_context(options).resolve(options.op, *args, **kwargs)
     _write_svg(options.svg, resolution.diagram(show_all=options.all))
@@ -212,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     options = _parser().parse_args(argv)
+    from IPython.core.error import UsageError  # what the options' value parsers raise
+
     status = 0
     try:
         if options.command == "table":

@@ -23,6 +23,13 @@ Renderer = Callable[..., Any]
 _R = TypeVar("_R", bound=Renderer)
 
 _renderers: dict[tuple[type, str], Renderer] = {}
+_view_loader: list[Callable[[], None]] = []  # imports the views once, on the first lookup
+
+
+def load_views_with(loader: Callable[[], None]) -> None:
+    """Have the first renderer lookup call ``loader``, which imports the view modules (the
+    package sets it: a result made through a submodule still finds its views)."""
+    _view_loader[:] = [loader]
 
 
 def renders(cls: type, form: str) -> Callable[[_R], _R]:
@@ -38,6 +45,8 @@ def renders(cls: type, form: str) -> Callable[[_R], _R]:
 
 def renderer_for(obj: Any, form: str) -> Renderer | None:
     """The renderer registered for ``obj``'s type (or its nearest base) and ``form``."""
+    while _view_loader:
+        _view_loader.pop()()
     for cls in type(obj).__mro__:
         found = _renderers.get((cls, form))
         if found is not None:

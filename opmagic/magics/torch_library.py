@@ -19,7 +19,13 @@ from IPython.display import display
 from ..cells.session import CellIdentity, active_session
 from ..errors import CompileError, OpmagicError
 from ..native import BuildProgress, LoadedLibrary, compile_library, stderr_progress
-from .arguments import BUILD_OPTIONS, COMPARE_OPTIONS, build_keywords, parse_options, with_options
+from .arguments import (
+    COMPARE_OPTIONS,
+    build_keywords,
+    build_options,
+    parse_options,
+    with_options,
+)
 from .compare import compare_cell
 from .context import magic_context
 from .session import running_cell_number
@@ -87,7 +93,7 @@ class TorchLibraryMagics(Magics):
     """The ``%%torch_library`` cell magic."""
 
     @magic_arguments()
-    @with_options(BUILD_OPTIONS)
+    @with_options(build_options())
     @with_options(COMPARE_OPTIONS)
     @cell_magic
     def torch_library(self, line: str, cell: str) -> LoadedLibrary:
