@@ -8,7 +8,6 @@ import nbformat
 import pytest
 
 
-
 @pytest.fixture(scope="module")
 def executed(run_notebook) -> nbformat.NotebookNode:
     """The notebook after running every cell in a fresh kernel."""
