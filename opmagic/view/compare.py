@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..display import renders
 from ..verify.compare import CaseResult, Comparison, SweepProgress
+from .layout import NOTEBOOK_CHARS
 from .style import DIM_COLOUR, FAIL_COLOUR, FAIL_FILL, STATUS_COLOURS, styled
 
 if TYPE_CHECKING:
@@ -35,8 +36,9 @@ class _Column:
 
     header: str
     cell: Callable[[CaseResult], str]
-    drop_order: int  # columns with the highest numbers go first when the terminal is narrow
+    drop_order: int  # columns with the highest numbers go first when the width is short
     when: Callable[[Comparison], bool] = lambda comparison: True
+    wraps: bool = False  # HTML may break its cells between words (the others never)
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -68,17 +70,25 @@ def _several_devices(comparison: Comparison) -> bool:
     return len({row.device for row in comparison.rows}) > 1
 
 
+def _spread(row: CaseResult) -> str:
+    """The timings' spread (IQR as a share of the median), ``!`` when they are noise."""
+    if row.spread is None:
+        return "-"
+    return f"{row.spread:.0%}" + ("!" if row.noise is not None else "")
+
+
 _COLUMNS = (
     _Column("size", lambda r: "-" if r.size is None else str(r.size), 0),
     _Column("dtype", lambda r: r.dtype, 0),
     _Column("device", lambda r: r.device, 2, _several_devices),
-    _Column("verdict", lambda r: r.verdict, 0),
-    _Column("max abs err", lambda r: _number(r.max_abs_error), 4),
-    _Column("max rel err", lambda r: _number(r.max_rel_error), 6),
+    _Column("verdict", lambda r: r.verdict, 0, wraps=True),
+    _Column("abs err", lambda r: _number(r.max_abs_error), 4),
+    _Column("rel err", lambda r: _number(r.max_rel_error), 5),
     _Column("time", lambda r: format_seconds(r.time), 0),
     _Column("ref time", lambda r: format_seconds(r.reference_time), 1),
     _Column("speedup", _speedup, 0),
-    _Column("GB/s", lambda r: _bandwidth(r.bandwidth), 5),
+    _Column("IQR", _spread, 1),
+    _Column("GB/s", lambda r: _bandwidth(r.bandwidth), 6),
     _Column("ref GB/s", lambda r: _bandwidth(r.reference_bandwidth), 7),
     _Column("fwd+bwd", lambda r: format_seconds(r.backward_time), 3, lambda c: c.backward),
     _Column(
@@ -88,6 +98,39 @@ _COLUMNS = (
         lambda c: c.backward,
     ),
 )
+
+
+def _fitting(comparison: Comparison, width: int, wrapping: bool) -> list[_Column]:
+    """The columns that fit ``width`` characters, the least needed left out first. A column
+    takes its widest cell (its longest word where ``wrapping`` lets it break) and two
+    characters of space."""
+    columns = [c for c in _COLUMNS if c.when(comparison)]
+
+    def wide(column: _Column) -> int:
+        cells = [column.header, *(column.cell(row) for row in comparison.rows)]
+        if wrapping and column.wraps:
+            cells = [word for cell in cells for word in cell.split()]
+        return max(map(len, cells)) + 2
+
+    while sum(map(wide, columns)) > width:
+        droppable = [c for c in columns if c.drop_order > 0]
+        if not droppable:
+            break
+        columns.remove(max(droppable, key=lambda c: c.drop_order))
+    return columns
+
+
+def _footer(comparison: Comparison, columns: list[_Column]) -> str:
+    """How values and times were judged, and the columns the width left out."""
+    footer = (
+        f"values compared with {comparison.tolerances} (abs/rel err: the largest "
+        "differences); times are medians of torch.utils.benchmark's runs, IQR their "
+        "interquartile range against the median (! marks noise)"
+    )
+    left_out = [c.header for c in _COLUMNS if c.when(comparison) and c not in columns]
+    if left_out:
+        footer += f"; {', '.join(left_out)}: in .frame()"
+    return footer
 
 
 def heading(comparison: Comparison) -> str:
@@ -100,21 +143,13 @@ def heading(comparison: Comparison) -> str:
 @renders(Comparison, "text")
 def comparison_text(comparison: Comparison, width: int | None = None) -> str:
     """The table at the terminal's width (the least needed columns left out when it is
-    narrow), then every mismatch, one per line, wrapped."""
+    narrow), then every mismatch, one per line, wrapped, and what makes the times doubtful."""
     width = max(width or shutil.get_terminal_size().columns, _MIN_WIDTH)
-    columns = [c for c in _COLUMNS if c.when(comparison)]
+    columns = _fitting(comparison, width, wrapping=False)
     table = [[c.header for c in columns]] + [
         [c.cell(row) for c in columns] for row in comparison.rows
     ]
-    while True:
-        widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
-        droppable = [i for i, c in enumerate(columns) if c.drop_order > 0]
-        if 2 + sum(widths) + 2 * (len(widths) - 1) <= width or not droppable:
-            break
-        drop = max(droppable, key=lambda i: columns[i].drop_order)
-        del columns[drop]
-        for line in table:
-            del line[drop]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     lines = textwrap.wrap(heading(comparison), width, subsequent_indent="    ")
     lines += [
         "  " + "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
@@ -128,15 +163,21 @@ def comparison_text(comparison: Comparison, width: int | None = None) -> str:
                 initial_indent="  ",
                 subsequent_indent="      ",
             )
-    footer = f"values compared with {comparison.tolerances}; times are medians"
+    for warning in comparison.warnings:
+        lines += textwrap.wrap(
+            f"warning: {warning}", width, initial_indent="  ", subsequent_indent="      "
+        )
+    footer = _footer(comparison, columns)
     lines += textwrap.wrap(footer, width, initial_indent="  ", subsequent_indent="  ")
     return "\n".join(lines)
 
 
 @renders(Comparison, "html")
 def comparison_html(comparison: Comparison) -> str:
-    """The table (failing rows highlighted), the mismatches, and the plot when it has a line."""
-    columns = [c for c in _COLUMNS if c.when(comparison)]
+    """The table (failing rows highlighted), what makes the times doubtful, the mismatches,
+    and the plot when it has a line; the table keeps to a notebook's narrow pane (the least
+    needed columns, bandwidths first, are left to the DataFrame)."""
+    columns = _fitting(comparison, NOTEBOOK_CHARS, wrapping=True)
     head = "".join(f"<th>{escape(c.header)}</th>" for c in columns)
     body = []
     for row in comparison.rows:
@@ -146,7 +187,10 @@ def comparison_html(comparison: Comparison) -> str:
             text = escape(column.cell(row))
             if column.header == "verdict":
                 text = f'<b style="color:{STATUS_COLOURS[row.status]}">{text}</b>'
-            cells.append(f"<td>{text}</td>")
+            elif column.header == "IQR" and row.noise is not None:
+                text = f'<b style="color:{FAIL_COLOUR}" title="{escape(row.noise)}">{text}</b>'
+            nowrap = "" if column.wraps else ' style="white-space:nowrap"'
+            cells.append(f"<td{nowrap}>{text}</td>")
         body.append(f"<tr{fill}>{''.join(cells)}</tr>")
     mismatches = "".join(
         f'<li><span style="color:{STATUS_COLOURS[row.status]}">{escape(row.status)}</span> '
@@ -154,13 +198,16 @@ def comparison_html(comparison: Comparison) -> str:
         for row in comparison.rows
         for mismatch in row.mismatches
     )
+    warnings = "".join(
+        f'<div style="color:{FAIL_COLOUR}">warning: {escape(warning)}</div>'
+        for warning in comparison.warnings
+    )
     colour = STATUS_COLOURS["pass" if comparison.passed else "FAIL"]
     return styled(
-        f'<b style="color:{colour}">{escape(heading(comparison))}</b>'
-        f"<table><tr>{head}</tr>{''.join(body)}</table>"
+        f'<div class="headline" style="color:{colour}">{escape(heading(comparison))}</div>'
+        f"{warnings}<table><tr>{head}</tr>{''.join(body)}</table>"
         + (f"<ul>{mismatches}</ul>" if mismatches else "")
-        + f'<div class="dim">values compared with {escape(comparison.tolerances)}; '
-        "times are medians of torch.utils.benchmark's blocked autorange</div>"
+        + f'<div class="dim">{escape(_footer(comparison, columns))}</div>'
         + _plot_html(comparison)
     )
 
@@ -201,6 +248,11 @@ def comparison_frame(comparison: Comparison) -> pandas.DataFrame:
             "max_rel_error": row.max_rel_error,
             "time_us": micro(row.time),
             "reference_time_us": micro(row.reference_time),
+            "time_iqr_us": micro(row.timing.iqr if row.timing is not None else None),
+            "reference_time_iqr_us": micro(
+                row.reference_timing.iqr if row.reference_timing is not None else None
+            ),
+            "noise": row.noise,
             "speedup": row.speedup,
             "bandwidth_GBps": row.bandwidth,
             "reference_bandwidth_GBps": row.reference_bandwidth,
