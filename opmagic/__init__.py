@@ -22,10 +22,11 @@ __version__ = "0.1.0"
 def explore(op: Any = None) -> Explorer:
     """The dispatch explorer widget (ipywidgets): search an operator, build inputs from its
     schema, toggle contexts, and watch the path redraw. ``op=None`` starts at aten::add.Tensor.
+    In a notebook a placeholder shows at once while it opens.
     """
-    from .view.explorer.widgets import Explorer
+    from .view.explorer import open_explorer
 
-    return Explorer(op)
+    return open_explorer(op)
 
 
 def load_ipython_extension(ipython: object) -> None:

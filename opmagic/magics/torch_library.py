@@ -14,11 +14,11 @@ from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
-from IPython.display import display
 
 from ..cells.session import CellIdentity, active_session
 from ..errors import CompileError, OpmagicError
 from ..native import BuildProgress, LoadedLibrary, compile_library, stderr_progress
+from ..view.live import LiveOutput
 from .arguments import (
     COMPARE_OPTIONS,
     build_keywords,
@@ -37,22 +37,15 @@ class _DisplayProgress:
     """Build progress as one notebook output, updated in place (then the result or error)."""
 
     def __init__(self) -> None:
-        self.handle: Any = None
+        self.output = LiveOutput()
 
     def __call__(self, event: BuildProgress) -> None:
-        """Show ``event``, creating the output on the first report."""
-        bundle = {"text/plain": str(event)}
-        if self.handle is None:
-            self.handle = display(bundle, raw=True, display_id=True)
-        else:
-            self.handle.update(bundle, raw=True)
+        """Show ``event`` in place of the last one."""
+        self.output.text(str(event))
 
     def show(self, obj: Any) -> None:
         """Replace the progress output with ``obj`` (or add it when nothing was built)."""
-        if self.handle is None:
-            display(obj)
-        else:
-            self.handle.update(obj)
+        self.output.show(obj)
 
 
 def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]) -> LoadedLibrary:

@@ -16,11 +16,12 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..display import renders
 from ..verify.compare import CaseResult, Comparison, SweepProgress
 from .layout import NOTEBOOK_CHARS
+from .live import LiveOutput, in_notebook
 from .style import DIM_COLOUR, FAIL_COLOUR, FAIL_FILL, STATUS_COLOURS, styled
 
 if TYPE_CHECKING:
@@ -413,23 +414,24 @@ def progress_html(progress: SweepProgress) -> str:
 
 class LiveProgress:
     """A sweep's progress shown in place: one notebook output updated, else one line on
-    stderr (rewritten on a terminal; on a pipe, only how the sweep ended)."""
+    stderr (rewritten on a terminal; on a pipe, only how the sweep ended).
+
+    In a notebook the sweep's end says that its results are being drawn (the table and the
+    plot take seconds more) until the cell has ended, then how the sweep ended."""
 
     def __init__(self, progress: SweepProgress) -> None:
-        self.handle: Any = None
-        self.notebook = _in_notebook()
+        self.output = LiveOutput() if in_notebook() else None
         self.update(progress)
 
     def update(self, progress: SweepProgress) -> None:
         """Show ``progress`` instead of what was shown."""
-        if self.notebook:
-            from IPython.display import display
-
-            bundle = {"text/plain": progress_text(progress), "text/html": progress_html(progress)}
-            if self.handle is None:
-                self.handle = display(bundle, raw=True, display_id=True)
+        if self.output is not None:
+            if progress.finished and not progress.stopped:
+                text = f"{progress_text(progress)}; drawing the results…"
+                self.output.text(text, styled(f'<span class="dim">{escape(text)}</span>'))
+                self.output.after_cell(lambda output: self._show(output, progress))
             else:
-                self.handle.update(bundle, raw=True)
+                self._show(self.output, progress)
             return
         stream = sys.stderr
         text = progress_text(progress)[: max(shutil.get_terminal_size().columns - 1, 20)]
@@ -439,14 +441,9 @@ class LiveProgress:
             stream.write(f"{text}\n")
         stream.flush()
 
-
-def _in_notebook() -> bool:
-    """Whether this runs in a Jupyter kernel (which shows rich outputs)."""
-    if "IPython" not in sys.modules:
-        return False
-    from IPython import get_ipython
-
-    return getattr(get_ipython(), "kernel", None) is not None
+    @staticmethod
+    def _show(output: LiveOutput, progress: SweepProgress) -> None:
+        output.text(progress_text(progress), progress_html(progress))
 
 
 @renders(SweepProgress, "live")

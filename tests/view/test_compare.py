@@ -8,11 +8,12 @@ import re
 
 import pytest
 import torch
+from IPython.utils.capture import capture_output
 from matplotlib.figure import Figure
 from torch.utils import benchmark
 from torch.utils.benchmark.utils.common import TaskSpec
 
-from opmagic.verify.compare import CaseResult, Comparison, SweepProgress, compare
+from opmagic.verify.compare import CaseResult, Comparison, SweepProgress, compare, progress
 from opmagic.view import compare as view
 from opmagic.view.style import FAIL_FILL
 
@@ -167,3 +168,24 @@ def test_the_html_table_fits_a_narrow_notebook_pane(mixed) -> None:
     ]  # fmt: skip
     assert "GB/s, ref GB/s: in .frame()" in html
     assert "GB/s" in view.comparison_text(mixed, width=200).splitlines()[1]
+
+
+def test_in_a_notebook_the_sweep_s_end_waits_for_its_results_to_be_drawn(
+    ipython, monkeypatch
+) -> None:
+    """The table and the plot take seconds after the last case: until the cell has ended
+    (its result drawn), the progress line says they are being drawn, then how it ended."""
+    monkeypatch.setattr(ipython, "kernel", object(), raising=False)  # as in ipykernel's shell
+    monkeypatch.setattr(progress, "PROGRESS_DELAY_S", 0.0)
+    ipython.user_ns.update(compare=compare, torch=torch)
+    callbacks = list(ipython.events.callbacks["post_execute"])
+    with capture_output() as captured:
+        result = ipython.run_cell(
+            "compare(torch.add, torch.add, lambda n, dtype, device: (torch.ones(n),) * 2, "
+            "sizes=[8], min_run_time=0.002)"
+        )
+    assert result.success, result.error_in_exec
+    texts = [o.data.get("text/plain", "") for o in captured.outputs]
+    assert re.fullmatch(r"compare: 1 cases in \d+\.\d s; drawing the results…", texts[-2])
+    assert re.fullmatch(r"compare: 1 cases in \d+\.\d s", texts[-1])  # once the cell ended
+    assert ipython.events.callbacks["post_execute"] == callbacks  # no callback left behind
