@@ -201,12 +201,14 @@ def _resolve(options: argparse.Namespace) -> str:
 def _kernels(options: argparse.Namespace, argv: Sequence[str]) -> str:
     """``kernels``: the frame as text fitting the terminal, folded after ``--rows`` rows."""
     from .dispatch import kernels
-    from .view.frames import frame_text
+    from .view.frames import frame_text, nothing_found
 
-    frame = kernels(**kernels_keywords(options))
+    query = kernels_keywords(options)
+    frame = kernels(**query)
     limit = None if options.rows == "all" else int(options.rows)
     command = " ".join(["python -m opmagic", *_without_rows(argv), "--rows all"])
-    return frame_text(frame, limit, command)
+    empty = nothing_found(query["namespace"], query["keys"], query["missing"])
+    return frame_text(frame, limit, command, empty)
 
 
 def _diff(options: argparse.Namespace) -> tuple[str, int]:
