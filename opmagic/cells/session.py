@@ -267,6 +267,8 @@ class Session:
         self._held: list[Any] = []  # recorded Libraries, kept alive while a cell runs
         # handles of other cells that the running cell's new ones replace (for its notes)
         self._taken_over: list[tuple[TrackedHandle, CellRecord]] = []
+        # Libraries that registrations went through which a later cell replaced for good
+        self._emptied: weakref.WeakSet[Any] = weakref.WeakSet()
         self._anonymous = itertools.count(1)
         self._sequence = itertools.count(1)
 
@@ -434,11 +436,17 @@ class Session:
                 run, identity, owner
             )
 
-        notes = [
-            f"replaced cell {owner.label}'s {registration.describe()}"
-            for registration, owner in self._evicted
-            if other(owner)
-        ]
+        by_operator: dict[tuple[str, str | None], list[library_hooks.Registration]] = {}
+        for registration, owner in self._evicted:
+            if other(owner):
+                by_operator.setdefault((owner.label, registration.op), []).append(registration)
+        notes = []
+        for (label, op), replaced in by_operator.items():
+            if op is not None and len(replaced) > 1:  # one note per operator
+                parts = ", ".join(registration.summary() for registration in replaced)
+                notes.append(f"replaced cell {label}'s {parts} for {op}")
+            else:
+                notes += [f"replaced cell {label}'s {r.describe()}" for r in replaced]
         notes += [
             f"replaced cell {owner.label}'s {tracked.description}"
             for tracked, owner in self._taken_over
@@ -483,7 +491,9 @@ class Session:
         return foreign_operator_message(qualname)
 
     def report(self) -> SessionReport:
-        """What each cell registered, an operator per line, for display."""
+        """What each cell registered, an operator per line, for display. A Library whose
+        registrations later cells replaced, and that holds none now, is left out."""
+        in_use = {id(r.made_through) for _, r in self._applied() if r.made_through is not None}
         cells = []
         for record in [*self._records.values(), self._outside]:
             items = _grouped(r for r in record.registrations if r.applied)
@@ -492,6 +502,7 @@ class Session:
                 (f"Library({lib.ns!r}, {lib.kind!r})", "")
                 for lib in record.live_libraries()
                 if not library_hooks.is_torch_held_library(lib)
+                and (id(lib) in in_use or lib not in self._emptied)
             ]
             items += [(t.description, "") for t in record.handles if t.is_open]
             if items or record.notes:
@@ -660,6 +671,8 @@ class Session:
         for registration, owner in replaced:
             if registration in owner.registrations:
                 owner.registrations.remove(registration)
+            if registration.made_through is not None:
+                self._emptied.add(registration.made_through)
             registration.discard()
         if previous is not None:
             self._records.pop(previous.key, None)
