@@ -491,8 +491,8 @@ class Session:
         return foreign_operator_message(qualname)
 
     def report(self) -> SessionReport:
-        """What each cell registered, an operator per line, for display. A Library whose
-        registrations later cells replaced, and that holds none now, is left out."""
+        """What each cell registered that is in effect, an operator per line, for display.
+        A cell, or a Library, whose registrations later cells replaced is left out."""
         in_use = {id(r.made_through) for _, r in self._applied() if r.made_through is not None}
         cells = []
         for record in [*self._records.values(), self._outside]:
@@ -505,7 +505,7 @@ class Session:
                 and (id(lib) in in_use or lib not in self._emptied)
             ]
             items += [(t.description, "") for t in record.handles if t.is_open]
-            if items or record.notes:
+            if items:  # a cell whose registrations later cells replaced holds nothing now
                 notes = tuple(record.notes)
                 cells.append(CellReport(record.label, record.key, tuple(items), notes))
         return SessionReport(tuple(cells))

@@ -129,7 +129,7 @@ def _session_table(cells: Sequence[CellReport]) -> str:
     for cell in cells:
         entries = [*cell.items, *((f"note: {note}", None) for note in cell.notes)]
         for number, (what, where) in enumerate(entries):
-            label = escape(f"cell {cell.label}") if number == 0 else ""
+            label = escape(f"cell\u00a0{cell.label}") if number == 0 else ""
             shown = (
                 f"<td>{escape(what)}</td><td>{escape(where)}</td>"
                 if where is not None

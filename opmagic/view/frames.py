@@ -161,14 +161,21 @@ def _grouped_html(frame: pandas.DataFrame) -> str:
 
 
 def _by_kind(frame: pandas.DataFrame) -> list[tuple[str, dict[str, list[str]]]]:
-    """Per operator of a wide frame, its keys grouped by the kind that serves them."""
+    """Per operator of a wide frame, its keys grouped by the kind that serves them, the
+    operator's own kernels first, the keys without one last."""
     keys = [str(column) for column in frame.columns]
+    order = list(KIND_COLOURS)  # kernel, alias, autograd, fallback, ..., missing
+
+    def rank(kind: str) -> int:
+        family = kind.split(":", 1)[0]
+        return order.index(family) if family in order else len(order)
+
     grouped = []
     for index, values in zip(frame.index, frame.itertuples(index=False), strict=True):
         kinds: dict[str, list[str]] = {}
         for key, value in zip(keys, values, strict=True):
             kinds.setdefault(str(value), []).append(key)
-        grouped.append((_row_name(index), kinds))
+        grouped.append((_row_name(index), dict(sorted(kinds.items(), key=lambda k: rank(k[0])))))
     return grouped
 
 

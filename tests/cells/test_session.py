@@ -716,14 +716,16 @@ def test_the_session_listing_leaves_out_a_library_whose_ops_a_later_cell_replace
     holds nothing now, and the replacement is one note for the operator."""
     cube = '@torch.library.custom_op("t_listing::cube", mutates_args=())\n'
     first = cells.run(cube + "def cube(x: Tensor) -> Tensor:\n    return x ** 3", "first")
-    cells.run(cube + "def cube(x: Tensor) -> Tensor:\n    return x * x * x", "second")
+    second = cells.run(cube + "def cube(x: Tensor) -> Tensor:\n    return x * x * x", "2nd")
+    cells.run(cube + "def cube(x: Tensor) -> Tensor:\n    return x.pow(3)", "third")
     cells.run('lib = torch.library.Library("t_listing", "FRAGMENT")', "empty")
     report = cells.shell.run_line_magic("opmagic", "session")
     listed = [cell.label for cell in report.cells]
     assert f"[{first.execution_count}]" not in listed  # its Library holds nothing any more
+    assert f"[{second.execution_count}]" not in listed  # nor does the cell, only its notes
     (notes,) = [cell.notes for cell in report.cells if cell.notes]
     assert notes == (
-        f"replaced cell [{first.execution_count}]'s Meta kernel, fake impl, Autograd kernel, "
+        f"replaced cell [{second.execution_count}]'s Meta kernel, fake impl, Autograd kernel, "
         "CompositeExplicitAutograd kernel for t_listing::cube",
     )
     (unused,) = [cell.items for cell in report.cells if "Library" in str(cell.items)]

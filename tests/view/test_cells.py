@@ -29,7 +29,7 @@ def test_a_long_session_listing_is_one_table_that_folds_after_its_first_cells() 
     html = _report(20)._repr_html_()
     assert "opmagic session</b>: 20 cells hold 20 registrations" in html
     shown, folded = html.split("<details>")
-    assert len(re.findall(r"<td>cell \[\d+\]</td>", shown)) == SESSION_CELLS
+    assert len(re.findall(r"<td>cell\u00a0\[\d+\]</td>", shown)) == SESSION_CELLS
     assert f"<summary>{20 - SESSION_CELLS} more cells (cells [9] to [20])</summary>" in folded
     assert '<td colspan="2" class="dim">note: replaced cell [1]' in folded
     assert shown.count("<th>cell</th>") == 1
