@@ -146,6 +146,8 @@ def comparison_text(comparison: Comparison, width: int | None = None) -> str:
     """The table at the terminal's width (the least needed columns left out when it is
     narrow), then every mismatch, one per line, wrapped, and what makes the times doubtful."""
     width = max(width or shutil.get_terminal_size().columns, _MIN_WIDTH)
+    if not comparison.rows:
+        return "\n".join(textwrap.wrap(heading(comparison), width, subsequent_indent="    "))
     columns = _fitting(comparison, width, wrapping=False)
     table = [[c.header for c in columns]] + [
         [c.cell(row) for c in columns] for row in comparison.rows
@@ -178,6 +180,10 @@ def comparison_html(comparison: Comparison) -> str:
     """The table (failing rows highlighted), what makes the times doubtful, the mismatches,
     and the plot when it has a line; the table keeps to a notebook's narrow pane (the least
     needed columns, bandwidths first, are left to the DataFrame)."""
+    colour = STATUS_COLOURS["pass" if comparison.passed else "FAIL"]
+    headline = f'<div class="headline" style="color:{colour}">{escape(heading(comparison))}</div>'
+    if not comparison.rows:  # stopped before its first case: the heading says so
+        return styled(headline)
     columns = _fitting(comparison, NOTEBOOK_CHARS, wrapping=True)
     head = "".join(f"<th>{escape(c.header)}</th>" for c in columns)
     body = []
@@ -203,10 +209,8 @@ def comparison_html(comparison: Comparison) -> str:
         f'<div style="color:{FAIL_COLOUR}">warning: {escape(warning)}</div>'
         for warning in comparison.warnings
     )
-    colour = STATUS_COLOURS["pass" if comparison.passed else "FAIL"]
     return styled(
-        f'<div class="headline" style="color:{colour}">{escape(heading(comparison))}</div>'
-        f"{warnings}<table><tr>{head}</tr>{''.join(body)}</table>"
+        f"{headline}{warnings}<table><tr>{head}</tr>{''.join(body)}</table>"
         + (f"<ul>{mismatches}</ul>" if mismatches else "")
         + f'<div class="dim">{escape(_footer(comparison, columns))}</div>'
         + _plot_html(comparison)

@@ -189,3 +189,10 @@ def test_in_a_notebook_the_sweep_s_end_waits_for_its_results_to_be_drawn(
     assert re.fullmatch(r"compare: 1 cases in \d+\.\d s; drawing the results…", texts[-2])
     assert re.fullmatch(r"compare: 1 cases in \d+\.\d s", texts[-1])  # once the cell ended
     assert ipython.events.callbacks["post_execute"] == callbacks  # no callback left behind
+
+
+def test_a_sweep_stopped_before_its_first_case_is_a_sentence() -> None:
+    stopped = Comparison("my_add", "torch.add", (), 4, False, "torch's defaults", True)
+    assert str(stopped) == "my_add vs torch.add: interrupted after 0 of 4 cases"
+    assert "<table" not in stopped._repr_html_()
+    assert "my_add vs torch.add: interrupted after 0 of 4 cases</div>" in stopped._repr_html_()
