@@ -432,8 +432,10 @@ class Session:
         identity = run.identity if run is not None else CellIdentity()
 
         def other(owner: CellRecord) -> bool:
-            return run is not None and owner not in (run, previous) and not _reruns(
-                run, identity, owner
+            return (
+                run is not None
+                and owner not in (run, previous)
+                and not _reruns(run, identity, owner)
             )
 
         by_operator: dict[tuple[str, str | None], list[library_hooks.Registration]] = {}
@@ -443,7 +445,9 @@ class Session:
         notes = []
         for (label, op), replaced in by_operator.items():
             if op is not None and len(replaced) > 1:  # one note per operator
-                parts = ", ".join(registration.summary() for registration in replaced)
+                parts = ", ".join(
+                    dict.fromkeys(registration.summary() for registration in replaced)
+                )
                 notes.append(f"replaced cell {label}'s {parts} for {op}")
             else:
                 notes += [f"replaced cell {label}'s {r.describe()}" for r in replaced]

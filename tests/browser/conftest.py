@@ -276,6 +276,34 @@ _RUN_ALL = f"""async ms => {{
   await idle(panel, 60000, what);
 }}"""
 
+# sets a cell's source (a new cell at the end for index null), runs it as Shift+Enter does
+# (its id sent along), and returns its execution count and what each output shows as text
+_RUN_CELL = f"""async ([index, source, ms]) => {{
+  {_IDLE}
+  const app = window.jupyterapp;
+  const panel = app.shell.currentWidget;
+  const notebook = panel.content;
+  if (index === null) {{
+    notebook.model.sharedModel.insertCell(notebook.widgets.length, {{cell_type: 'code', source}});
+    index = notebook.widgets.length - 1;
+  }} else {{
+    notebook.widgets[index].model.sharedModel.setSource(source);
+  }}
+  notebook.activeCellIndex = index;
+  await app.commands.execute('notebook:run-cell');
+  const cell = notebook.widgets[index];
+  if (cell.outputArea.future) await cell.outputArea.future.done.catch(() => null);
+  await idle(panel, ms, `running cell ${{index}}`);
+  return {{
+    index,
+    execution_count: cell.model.executionCount,
+    outputs: cell.model.outputs.toJSON().map(output =>
+      output.output_type === 'error' ? `error: ${{output.ename}}: ${{output.evalue}}`
+      : output.output_type === 'stream' ? output.text
+      : (output.data || {{}})['text/plain'] || ''),
+  }};
+}}"""
+
 # closes the notebook in the main area and shuts its kernel down
 _CLOSE = """async () => {
   const panel = window.jupyterapp.shell.currentWidget;
@@ -309,6 +337,13 @@ class RanNotebook:
             ".find(w => w.context?.path === name); app.shell.activateById(panel.id); }",
             f"{self.name}.ipynb",
         )
+
+    def run_cell(self, source: str, index: int | None = None) -> dict[str, Any]:
+        """Run ``source`` as the cell at ``index`` (among all of its cells; a new cell at the
+        end when None), as Shift+Enter runs it: ``{"index", "execution_count", "outputs"}``,
+        the outputs as text."""
+        self.activate()
+        return self.page.evaluate(_RUN_CELL, [index, source, PAGE_S * 1000])
 
     def close(self) -> None:
         """Shut its kernel down and close it."""
