@@ -8,6 +8,10 @@ from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .cells.session import Session, SessionReport, active_session, registration_site
 from .cells.triton_op import TritonKernelRow, TritonOpResult, triton_op_from_source
 from .dispatch import (
+    AutogradNode,
+    CodeLocation,
+    Compilation,
+    CompiledRegion,
     DispatchTable,
     KeyInfo,
     OverloadTables,
@@ -17,7 +21,11 @@ from .dispatch import (
     Surprises,
     TableEntry,
     Trace,
+    TraceComparison,
     TracedCall,
+    TracedGroup,
+    ValueSummary,
+    compare_traces,
     dispatch_table,
     kernels,
     key_info,

@@ -44,6 +44,7 @@ def earlier_op() -> Iterator[Any]:
 
 
 _SNAPSHOT = opmagic.snapshot()
+_VALUED = opmagic.trace(torch.ones(2).cos, values=True)
 _DIFF = opmagic.diff(_SNAPSHOT)
 
 
@@ -81,6 +82,14 @@ def _base_calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
         ),
         "cdiv": (opmagic.cdiv, {"a": 10, "b": 3}),
         "trace": (lambda fn: opmagic.trace(fn), {"fn": torch.ones(1).sum}),
+        "trace options": (
+            lambda values, warmup: opmagic.trace(torch.ones(1).sum, values=values, warmup=warmup),
+            {"values": True, "warmup": False},
+        ),
+        "compare_traces": (
+            opmagic.compare_traces,
+            {"a": _VALUED, "b": _VALUED, "rtol": 1e-4, "atol": 1e-5, "labels": ("a", "b")},
+        ),
         "diff": (opmagic.diff, {"before": _SNAPSHOT}),
         "DispatchDiff.table": (_DIFF.table, {"op": "hzapi::kept"}),
         "DispatchDiff.affected": (_DIFF.affected, {"calls": [("aten::sin", two[:1])]}),
