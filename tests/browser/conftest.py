@@ -168,31 +168,38 @@ def _stop(lab: Lab, server: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="session")
-def page(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """JupyterLab loaded in Debian's Chromium at 1280x900, its file browser open."""
+def playwright() -> Iterator[Any]:
+    """Playwright, started once for the run, once Chromium and Playwright are known to be
+    there (its sync API runs one instance per thread)."""
     required(os.path.exists(CHROMIUM), f"Debian's Chromium ({CHROMIUM})")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         required(False, "The playwright Python package")
+    with sync_playwright() as started:
+        yield started
+
+
+@pytest.fixture(scope="session")
+def page(playwright: Any, lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """JupyterLab loaded in Debian's Chromium at 1280x900, its file browser open."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch_persistent_context(
-            user_data_dir=str(tmp_path_factory.mktemp("chromium-profile")),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": SIZES[0][0], "height": SIZES[0][1]},
-        )
-        try:
-            page = browser.new_page()
-            page.goto(f"{lab.url}/lab?token={lab.token}")
-            page.wait_for_function("() => window.jupyterapp?.shell", timeout=PAGE_S * 1000)
-            page.wait_for_selector(".jp-LabShell", timeout=PAGE_S * 1000)
-            open_file_browser(page)
-            yield page
-        finally:
-            browser.close()
+    browser = playwright.chromium.launch_persistent_context(
+        user_data_dir=str(tmp_path_factory.mktemp("chromium-profile")),
+        executable_path=CHROMIUM,
+        headless=True,
+        args=CHROMIUM_ARGS,
+        viewport={"width": SIZES[0][0], "height": SIZES[0][1]},
+    )
+    try:
+        page = browser.new_page()
+        page.goto(f"{lab.url}/lab?token={lab.token}")
+        page.wait_for_function("() => window.jupyterapp?.shell", timeout=PAGE_S * 1000)
+        page.wait_for_selector(".jp-LabShell", timeout=PAGE_S * 1000)
+        open_file_browser(page)
+        yield page
+    finally:
+        browser.close()
 
 
 def open_file_browser(page: Any) -> None:
