@@ -81,8 +81,13 @@ from .verify import (
     CheckReport,
     CheckRow,
     Comparison,
+    Diagnosis,
+    DoctorSampleError,
+    Finding,
     Mismatch,
+    RungResult,
     SweepProgress,
     check_op,
     compare,
+    doctor,
 )

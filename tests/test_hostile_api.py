@@ -59,6 +59,12 @@ def _base_calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
             {"source": _CUSTOM_OP.replace("x + 1", "x"), "name": "hzapi::fresh"},
         ),
         "check_op": (opmagic.check_op, {"op": "aten::add.Tensor", "args": two}),
+        "doctor": (
+            lambda op, samples, rungs, until: opmagic.doctor(
+                op, samples=samples, rungs=rungs, until=until, progress=False
+            ),
+            {"op": "aten::sin", "samples": [two[:1]], "rungs": ["fake"], "until": "fake"},
+        ),
         "key_info": (opmagic.key_info, {"name": "CPU"}),
         "kernels": (opmagic.kernels, {"namespace": "hzapi", "keys": None, "missing": None}),
         "dispatch_table": (opmagic.dispatch_table, {"op": "aten::add.Tensor"}),

@@ -49,7 +49,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._torch import custom_op_state, dispatcher, library_hooks, triton
+from .._torch import compilers, custom_op_state, dispatcher, library_hooks, triton
 from ..dispatch.sites import label_location
 from ..display import Displayable
 from ..errors import ForeignOperatorError, OpmagicError
@@ -257,6 +257,7 @@ class Session:
         self._previous: CellRecord | None = None
         self._depth = 0
         self._evicted: list[tuple[library_hooks.Registration, CellRecord]] = []
+        self._dropped: set[int] = set()  # ids of evicted registrations nothing replaces
         # (new def, previous identical def, its record): C++ definitions taken over in place
         self._adopted: list[tuple[Any, Any, CellRecord]] = []
         self._stashes: dict[str, Any] = {}  # cached torch.ops packets of replaced definitions
@@ -368,6 +369,7 @@ class Session:
             self._run = self._previous = self._namespace = None
             self._evicted, self._reverted, self._states, self._bindings = [], [], {}, {}
             self._held, self._adopted, self._stashes, self._taken_over = [], [], {}, []
+            self._dropped = set()
 
     # ---------------------------------------------------------------- for other front ends
 
@@ -391,6 +393,28 @@ class Session:
         description = description or getattr(handle, "description", None) or str(handle)
         record.handles.append(TrackedHandle(handle, description, identity))
         return handle
+
+    def drop_registrations_on(self, qualnames: Iterable[str]) -> bool:
+        """Remove for the running cell the kernels and Python-side registrations that other
+        cells made on these operators (``ns::name``), as defining them again does: a C++
+        re-run that changes an operator's kernel signatures needs its dispatcher entry free
+        of them. Gone for good when the cell succeeds, back when it fails; its notes name
+        them. Whether there were any."""
+        run = self._run
+        if run is None:
+            return False
+        names = set(qualnames)
+        victims = [
+            (record, registration)
+            for record, registration in self._applied()
+            if record is not run
+            and registration.kind not in ("def", "namespace")
+            and (registration.op or "").partition(".")[0] in names
+        ]
+        for record, registration in victims:
+            self._evict(registration, record)
+            self._dropped.add(id(registration))
+        return bool(victims)
 
     def superseded(self, kind: type, identity: CellIdentity) -> Any | None:
         """The open handle of type ``kind`` that the running cell's new one, which will define
@@ -439,10 +463,17 @@ class Session:
             )
 
         by_operator: dict[tuple[str, str | None], list[library_hooks.Registration]] = {}
-        for registration, owner in self._evicted:
-            if other(owner):
-                by_operator.setdefault((owner.label, registration.op), []).append(registration)
         notes = []
+        for registration, owner in self._evicted:
+            if not other(owner):
+                continue
+            if id(registration) in self._dropped:
+                notes.append(
+                    f"dropped cell {owner.label}'s {registration.describe()} (re-run that cell "
+                    "to add it again)"
+                )
+            else:
+                by_operator.setdefault((owner.label, registration.op), []).append(registration)
         for (label, op), replaced in by_operator.items():
             if op is not None and len(replaced) > 1:  # one note per operator
                 parts = ", ".join(
@@ -561,6 +592,9 @@ class Session:
         assert isinstance(previous_def, library_hooks.DispatcherRegistration)
         if previous_def.definition == definition:
             registration.adopt(previous_def)
+            # torch would make the operator's objects anew, failing the guards of code
+            # compiled with its previous kernels; adopted, they stay: that code must go
+            compilers.forget_all_compiled_code()
             adopted = (registration, previous_def, owner)
             self._adopted.append(adopted)
             return self._evict_for([pair for pair in others if pair is not previous], adopted)
@@ -715,6 +749,8 @@ class Session:
                 defined.add(registration.op)
             registration.discard()
         dispatcher.refresh_operators(defined)  # objects made for the failed run's definitions
+        if adopted:  # code compiled during the run used its kernels on the kept objects
+            compilers.forget_all_compiled_code()
         for change in reversed(changes):
             change.revert()
         self._release_resources(run)

@@ -16,11 +16,12 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
 
 from ..cells.session import CellIdentity, active_session
-from ..errors import CompileError, OpmagicError
+from ..errors import CompileError, OpmagicError, RegistrationError
 from ..native import BuildProgress, LoadedLibrary, compile_library, stderr_progress
 from ..view.live import LiveOutput
 from .arguments import (
     COMPARE_OPTIONS,
+    DOCTOR_CELL_OPTIONS,
     build_keywords,
     build_options,
     parse_options,
@@ -28,6 +29,7 @@ from .arguments import (
 )
 from .compare import compare_cell
 from .context import magic_context
+from .doctor import doctor_cell
 from .session import running_cell_number
 
 CELL_BODY_FIRST_LINE = 2  # line 1 of a %%torch_library cell is the magic line
@@ -65,13 +67,25 @@ def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]
     previous = session.superseded(LoadedLibrary, identity)
     in_notebook = getattr(shell, "kernel", None) is not None
     progress = _DisplayProgress() if in_notebook else stderr_progress
-    try:
-        library = build(
+
+    def attempt() -> LoadedLibrary:
+        return build(
             replace=previous,
             label=f"cell [{running_cell_number(shell)}]",
             first_line=CELL_BODY_FIRST_LINE,
             progress=progress,
         )
+
+    try:
+        try:
+            library = attempt()
+        except RegistrationError as error:
+            # kernels of other cells (a fake impl) keep an operator whose kernel signatures
+            # the edit changed: drop them, as redefining the operator does, and try again
+            defined = {op.name.partition(".")[0] for op in previous.operators} if previous else ()
+            if not (error.signature_changed and session.drop_registrations_on(defined)):
+                raise
+            library = attempt()
     except CompileError as error:
         if in_notebook:  # the errors at their lines, the log folded; no traceback after it
             progress.show(error)
@@ -88,6 +102,7 @@ class TorchLibraryMagics(Magics):
     @magic_arguments()
     @with_options(build_options())
     @with_options(COMPARE_OPTIONS)
+    @with_options(DOCTOR_CELL_OPTIONS)
     @cell_magic
     def torch_library(self, line: str, cell: str) -> LoadedLibrary:
         """Compile the cell (C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks, or their
@@ -105,4 +120,5 @@ class TorchLibraryMagics(Magics):
             args = parse_options(self.torch_library, line)
             build = functools.partial(compile_library, cell, **build_keywords(args))
             library = load_library_cell(self.shell, cell, build)
-        return compare_cell(self.shell, args.compare, library, "%%torch_library")
+        compare_cell(self.shell, args.compare, library, "%%torch_library")
+        return doctor_cell(self.shell, args, library, "%%torch_library")

@@ -23,11 +23,11 @@ from typing import Any
 import ipywidgets as widgets
 
 from ...errors import OpmagicError
+from ...verify.samples import DTYPES, LAYOUTS, VIEWS, ArgumentSlot, devices
 from ..resolution import answer_line, steps_html
 from ..style import FAIL_COLOUR, styled
 from ..table import listing_html
 from .model import ExplorerModel, find_ops, namespaces, warm_up
-from .samples import DTYPES, LAYOUTS, VIEWS, ArgumentSlot, devices
 
 ALL_NAMESPACES = "(all namespaces)"
 AUTOCAST_OFF = "off"

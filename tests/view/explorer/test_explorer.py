@@ -9,8 +9,8 @@ import torch
 from IPython.utils.capture import capture_output
 
 import opmagic
+from opmagic.verify.samples import BATCH
 from opmagic.view.explorer.model import ExplorerModel, find_ops, namespaces
-from opmagic.view.explorer.samples import BATCH
 from opmagic.view.explorer.widgets import Explorer
 
 from ..svgfacts import svg_facts
