@@ -1,5 +1,6 @@
 """``python -m opmagic``: dispatch tables, call resolution, kernels, what importing a module
-changes in the dispatcher, and the doctor's diagnosis of an operator, from a terminal.
+changes in the dispatcher, the doctor's diagnosis of an operator, and verifying an exported
+package, from a terminal.
 
 The command line is parsed before anything heavy is imported: ``--help`` answers at once,
 without torch (the package's names load on first use).
@@ -67,13 +68,16 @@ _EXAMPLES = {  # command -> (example, what it shows)
 }
 
 
-def _examples(*commands: str) -> str:
-    """An argparse epilog: the examples of ``commands``, each with what it shows."""
-    lines = ["examples:"]
-    for command in commands:
-        for example, shows in _EXAMPLES[command]:
-            lines += [f"  python -m opmagic {example}", f"      {shows}"]
-    return "\n".join(lines)
+def _examples(*commands: str) -> str | None:
+    """An argparse epilog: the examples of ``commands``, each with what it shows (none for
+    ``verify``, whose package an export writes first)."""
+    lines = [
+        line
+        for command in commands
+        for example, shows in _EXAMPLES.get(command, ())
+        for line in (f"  python -m opmagic {example}", f"      {shows}")
+    ]
+    return "\n".join(["examples:", *lines]) if lines else None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -172,6 +176,13 @@ def _parser() -> argparse.ArgumentParser:
         "--kwargs", default="", help='keyword arguments as a Python expression, e.g. "dict(n=2)"'
     )
     add_options(doctor, DOCTOR_LADDER_OPTIONS)
+
+    verify = command(
+        "verify",
+        "build a package opmagic exported, install it where opmagic is not importable and run "
+        "its tests there (exit status 1 when a step fails)",
+    )
+    verify.add_argument("directory", help="the package's directory (what opmagic.export wrote)")
     return parser
 
 
@@ -272,6 +283,15 @@ def _diff(options: argparse.Namespace) -> tuple[str, int]:
     return diff_text(found, limit=None, show_all=show_all), status
 
 
+def _verify(options: argparse.Namespace) -> tuple[str, int]:
+    """``verify``: the exported package built, installed and tested; status 1 if it fails."""
+    from .package import verify_package
+    from .view.package import verification_text
+
+    result = verify_package(options.directory, lambda step: print(step, file=sys.stderr))
+    return verification_text(result), 0 if result.passed else 1
+
+
 def _doctor(options: argparse.Namespace) -> tuple[str, int]:
     """``doctor``: import MODULE, diagnose its ATTR on the sample ``--args``/``--kwargs`` give
     (or one built from the schema); status 1 when the diagnosis has findings."""
@@ -341,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             output = _resolve(options)
         elif options.command == "diff":
             output, status = _diff(options)
+        elif options.command == "verify":
+            output, status = _verify(options)
         elif options.command == "doctor":
             output, status = _doctor(options)
         else:

@@ -52,6 +52,7 @@ from .errors import (
     CompareError,
     CompileError,
     CudaToolkitError,
+    ExportError,
     ForeignOperatorError,
     LoadError,
     NoGPUError,
@@ -76,6 +77,7 @@ from .native import (
     precompile_headers,
 )
 from .native.triton import TritonLaunch
+from .package import Export, Verification, export
 from .verify import (
     CaseResult,
     CheckReport,

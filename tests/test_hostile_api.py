@@ -8,7 +8,9 @@ the options must be refused before a build, and compiling per example is out of 
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,6 +46,7 @@ def earlier_op() -> Iterator[Any]:
 
 
 _SNAPSHOT = opmagic.snapshot()
+_EXPORT_TO = Path(tempfile.mkdtemp(prefix="hzapi-export-")) / "pkg"  # never written: no session
 _VALUED = opmagic.trace(torch.ones(2).cos, values=True)
 _DIFF = opmagic.diff(_SNAPSHOT)
 
@@ -87,6 +90,11 @@ def _base_calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
             {"source": VADD, "arch": None, "namespace": None, "label": None, "first_line": 1},
         ),
         "cdiv": (opmagic.cdiv, {"a": 10, "b": 3}),
+        "export": (
+            opmagic.export,
+            {"directory": _EXPORT_TO, "name": "hz_pkg", "version": "0.1.0", "cells": None,
+             "overwrite": False},
+        ),
         "trace": (lambda fn: opmagic.trace(fn), {"fn": torch.ones(1).sum}),
         "trace options": (
             lambda values, warmup: opmagic.trace(torch.ones(1).sum, values=values, warmup=warmup),
@@ -134,3 +142,4 @@ def test_generated_api_arguments(earlier_op, monkeypatch, target, value) -> None
         call(**{**base, parameter: value})
     assert earlier_op(torch.zeros(1)).item() == 1.0
     assert torch.ops.hzapi.kept(torch.zeros(1)).item() == 1.0
+    assert not _EXPORT_TO.exists()

@@ -140,6 +140,32 @@ def prefix_text(header_set: HeaderSet | None, flavours: Sequence[str] = ("classi
     return f"{title}{includes}{preamble}"
 
 
+def prefix_includes(source: str, header_set: str | None) -> tuple[str, ...]:
+    """The headers the prefix of ``source``'s build included before it, in order: the set
+    ``header_set`` names (a build's :attr:`BuildInfo.header_set`; ``None``: none), then the
+    registration preamble's. A build of the source without opmagic includes them to see what
+    the cell saw (the preamble's macros aside: torch's own do the same, at load time)."""
+    headers = _SETS[header_set].headers if header_set in _SETS else ()
+    preamble = "".join(PREAMBLE_PARTS[part] for part in ("common", *preamble_flavours(source)))
+    return tuple(dict.fromkeys([*headers, *_INCLUDE.findall(preamble)]))
+
+
+def included_headers(source: str) -> tuple[str, ...]:
+    """Every header ``source``'s ``#include`` lines name, as written."""
+    return tuple(_INCLUDE.findall(source))
+
+
+def refuses_target_version(header: str, toolchain: Toolchain) -> bool:
+    """Whether a torch header refuses ``-DTORCH_TARGET_VERSION`` (a build for the stable ABI):
+    torch guards every header but the stable ABI's and the header-only ones so."""
+    for directory in toolchain.torch_includes:
+        path = os.path.join(directory, header)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as header_file:
+                return "!defined(TORCH_TARGET_VERSION)" in header_file.read(4096)
+    return False
+
+
 def included_torch_headers(source: str, toolchain: Toolchain) -> tuple[str, ...]:
     """The torch headers ``source`` includes, as written in its ``#include`` lines."""
     return tuple(

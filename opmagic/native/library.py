@@ -58,6 +58,7 @@ class LoadedLibrary(Displayable):
     _registration: Registration = field(repr=False)
     notes: tuple[str, ...] = ()  # what loading it replaced, for its display
     _tables: tuple[DispatchTable | OverloadTables, ...] = field(default=(), repr=False)
+    options: BuildOptions | None = field(default=None, repr=False)  # what it was built with
 
     @property
     def closed(self) -> bool:
@@ -185,6 +186,7 @@ def load_library(
         load_seconds=time.perf_counter() - started,
         _registration=registration,
         _tables=tables,
+        options=options,
     )
 
 

@@ -478,6 +478,7 @@ def test_two_environments_with_the_same_torch_each_keep_their_build(tmp_path) ->
     took = json.loads((first / "build.json").read_text())["seconds"]
     second, log = _trace_in(second_env, cache)
     assert second != first
-    assert f"the last build on this machine took {took:.0f} s" in log, log
+    estimate = round(took, 1)  # the estimate is kept to a tenth of a second
+    assert f"the last build on this machine took {estimate:.0f} s" in log, log
     again, log = _trace_in(first_env, cache)
     assert again == first and "operator observer" not in log, log  # loaded, not rebuilt
