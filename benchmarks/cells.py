@@ -10,7 +10,7 @@ Each figure is printed with its ratio to a baseline measured in the same run:
   loaded for the magic's, unloaded after), so that a change of load weighs on both; each
   run is timed in CPU time (user + system of this process and of the processes it waited
   for, e.g. Graphviz's ``dot``), which other work on a shared machine inflates far less
-  than wall time (printed beside it); target (issue 26): median <= 2x the plain cell;
+  than wall time (printed beside it); target: median <= 2x the plain cell;
 - calling the op ``%%custom_op`` made against calling the same op made by
   ``torch.library.custom_op`` outside any session: rounds of 10k calls of each, back to
   back in alternating order, in CPU time; the ratio is the median of the rounds' ratios,

@@ -5,7 +5,7 @@
 Targets: dispatch_table(op) median <= 5 ms; resolve() of a 2-tensor call median
 <= 1 ms; kernels() over every op <= 0.5 s. Baselines: torch's raw dump calls for one op,
 running the call itself, and dumping + regex-parsing every op's table (the naive way).
-Target (issue 26): kernels() over every op <= 0.7x the naive dump-and-parse.
+Target: kernels() over every op <= 0.7x the naive dump-and-parse.
 
 Times are CPU times of this process (medians): on a machine shared with other work they
 follow the others' load far less than wall times. ``--short``: fewer runs.

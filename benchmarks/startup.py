@@ -3,7 +3,7 @@ against ``import torch`` measured in the same processes.
 
     python benchmarks/startup.py [--repeat N] [--short]
 
-Targets (issue 26), on a quiet machine:
+Targets, on a quiet machine:
 
 - ``import opmagic`` after ``import torch`` adds <= 0.3 s;
 - ``%load_ext opmagic`` (opmagic imported already, as a notebook's first cell does) takes

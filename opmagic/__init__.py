@@ -1,103 +1,17 @@
 """opmagic: define, compile and inspect PyTorch operators from a notebook or a script.
 
 The plain-Python API lives here; ``%load_ext opmagic`` adds the IPython magics on top of it.
+Its names are defined in ``opmagic._api`` and imported on first use (``opmagic.resolve``), so
+``import opmagic`` and ``python -m opmagic --help`` do not import torch; a view module loads
+the first time a result of its type is shown, however it was made.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import view  # noqa: F401  (importing it says which view module draws each result type)
-from .cells.cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
-from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
-from .cells.session import Session, SessionReport, active_session, registration_site
-from .cells.triton_op import TritonKernelRow, TritonOpResult, triton_op_from_source
-from .dispatch import (
-    AutogradNode,
-    CodeLocation,
-    Compilation,
-    CompiledRegion,
-    DispatchTable,
-    KeyInfo,
-    OverloadTables,
-    Resolution,
-    Step,
-    Surprise,
-    Surprises,
-    TableEntry,
-    Trace,
-    TraceComparison,
-    TracedCall,
-    TracedGroup,
-    ValueSummary,
-    compare_traces,
-    dispatch_table,
-    kernels,
-    key_info,
-    resolve,
-    runtime_keys,
-    trace,
-)
-from .dispatch.contexts import CallContext
-from .dispatch.diff import (
-    AffectedCalls,
-    DispatchDiff,
-    DispatchSnapshot,
-    OpTableDiff,
-    diff,
-    snapshot,
-)
-from .errors import (
-    ArgumentsMismatchError,
-    ArgumentTypeError,
-    BuildError,
-    CacheDirectoryError,
-    CacheFullError,
-    CellSourceError,
-    CompareError,
-    CompileError,
-    CudaToolkitError,
-    ExportError,
-    ForeignOperatorError,
-    LoadError,
-    NoGPUError,
-    NotAnOperatorError,
-    OperatorNameError,
-    OpmagicError,
-    RegistrationError,
-    ToolchainError,
-    TritonKernelError,
-    TritonNotInstalledError,
-    UnknownDispatchKeyError,
-    UnknownOperatorError,
-)
-from .native import (
-    CudaKernel,
-    CudaKernels,
-    LoadedLibrary,
-    cdiv,
-    compile_cuda_kernels,
-    compile_cuda_library,
-    compile_library,
-    precompile_headers,
-)
-from .native.triton import TritonLaunch
-from .package import Export, Verification, export
-from .verify import (
-    CaseResult,
-    CheckReport,
-    CheckRow,
-    Comparison,
-    Diagnosis,
-    DoctorSampleError,
-    Finding,
-    Mismatch,
-    RungResult,
-    SweepProgress,
-    check_op,
-    compare,
-    doctor,
-)
+from . import view  # noqa: F401  (it only says which view module draws each result type)
 
 if TYPE_CHECKING:
     from .view.explorer.widgets import Explorer
@@ -108,10 +22,11 @@ __version__ = "0.1.0"
 def explore(op: Any = None) -> Explorer:
     """The dispatch explorer widget (ipywidgets): search an operator, build inputs from its
     schema, toggle contexts, and watch the path redraw. ``op=None`` starts at aten::add.Tensor.
+    In a notebook a placeholder shows at once while it opens.
     """
-    from .view.explorer.widgets import Explorer
+    from .view.explorer import open_explorer
 
-    return Explorer(op)
+    return open_explorer(op)
 
 
 def load_ipython_extension(ipython: object) -> None:
@@ -222,3 +137,16 @@ __all__ = [
     "trace",
     "triton_op_from_source",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, from ``opmagic._api`` (imported the first time one is asked for)."""
+    if name not in __all__:
+        raise AttributeError(f"module 'opmagic' has no attribute {name!r}")
+    value = getattr(importlib.import_module("._api", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

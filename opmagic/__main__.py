@@ -1,6 +1,10 @@
 """``python -m opmagic``: dispatch tables, call resolution, kernels, what importing a module
 changes in the dispatcher, the doctor's diagnosis of an operator, and verifying an exported
-package, from a terminal."""
+package, from a terminal.
+
+The command line is parsed before anything heavy is imported: ``--help`` answers at once,
+without torch (the package's names load on first use).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,6 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
-
-from IPython.core.error import UsageError
 
 from .errors import OpmagicError
 from .magics.arguments import (
@@ -32,19 +34,79 @@ if TYPE_CHECKING:
 KERNEL_ROWS = 60  # rows `kernels` prints unless --rows says otherwise
 
 
+_EXAMPLES = {  # command -> (example, what it shows)
+    "table": [
+        ("table aten::add.Tensor", "the kernels aten::add.Tensor has per dispatch key"),
+        ("table aten::add.Tensor --all", "every key: fallbacks, fallthroughs, missing kernels"),
+    ],
+    "resolve": [
+        (
+            'resolve aten::mm --args "torch.randn(2, 3), torch.randn(3, 4)" --autocast cpu',
+            "the kernels a call runs under autocast, without running it",
+        ),
+        (
+            'resolve aten::add --args "torch.randn(2, requires_grad=True), torch.randn(2)" '
+            "--inference-mode",
+            "the same call in inference mode",
+        ),
+    ],
+    "kernels": [
+        ("kernels --namespace aten --key CPU --key Meta", "aten's kernels for two keys"),
+        ("kernels -n aten -k CPU --missing Meta", "aten ops with a CPU kernel but no Meta one"),
+    ],
+    "diff": [
+        (
+            'diff --exec "import torch.nn" --fail-on-aten-override',
+            "what an import changed in the dispatcher (status 1 on an aten override)",
+        ),
+    ],
+    "doctor": [
+        (
+            'doctor torch:torch.ops.aten.sin --args "torch.randn(3)" --until schema',
+            "the doctor's first rungs for an operator a module defines (status 1 on findings)",
+        ),
+    ],
+}
+
+
+def _examples(*commands: str) -> str | None:
+    """An argparse epilog: the examples of ``commands``, each with what it shows (none for
+    ``verify``, whose package an export writes first)."""
+    lines = [
+        line
+        for command in commands
+        for example, shows in _EXAMPLES.get(command, ())
+        for line in (f"  python -m opmagic {example}", f"      {shows}")
+    ]
+    return "\n".join(["examples:", *lines]) if lines else None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m opmagic",
-        description="Inspect the PyTorch dispatcher of this process.",
+        description="Inspect the PyTorch dispatcher of this process. `python -m opmagic "
+        "COMMAND --help` describes a command's options.",
+        epilog=_examples(*_EXAMPLES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    table = commands.add_parser("table", help="an operator's dispatch table")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        """A command, its examples after its options."""
+        return commands.add_parser(
+            name,
+            help=help,
+            description=help[:1].upper() + help[1:] + ".",
+            epilog=_examples(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    table = command("table", "an operator's dispatch table")
     table.add_argument("op", help="ns::name or ns::name.overload, e.g. aten::add.Tensor")
     table.add_argument("--all", action="store_true", help="show keys without a kernel too")
     _add_svg_argument(table)
 
-    resolve = commands.add_parser("resolve", help="which kernels a call runs, without running it")
+    resolve = command("resolve", "which kernels a call runs, without running it")
     resolve.add_argument("op", help="ns::name or ns::name.overload, e.g. aten::mm")
     resolve.add_argument(
         "--args",
@@ -63,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_svg_argument(resolve)
 
-    kernels = commands.add_parser("kernels", help="kernels per dispatch key for many operators")
+    kernels = command("kernels", "kernels per dispatch key for many operators")
     add_options(kernels, KERNELS_OPTIONS)
     kernels.add_argument(
         "--rows",
@@ -73,10 +135,10 @@ def _parser() -> argparse.ArgumentParser:
         help=f"print the first N rows (default {KERNEL_ROWS}), or 'all'",
     )
 
-    diff = commands.add_parser(
+    diff = command(
         "diff",
-        help="what importing modules (or running code) changes in the dispatcher, against "
-        "this fresh interpreter's state after `import torch`",
+        "what importing modules (or running code) changes in the dispatcher, against this "
+        "fresh interpreter's state after `import torch`",
     )
     run = diff.add_mutually_exclusive_group(required=True)
     run.add_argument(
@@ -87,13 +149,6 @@ def _parser() -> argparse.ArgumentParser:
         help="a module to import (repeat for several, imported in order)",
     )
     run.add_argument("--exec", dest="code", metavar="CODE", help="Python code to run instead")
-    verify = commands.add_parser(
-        "verify",
-        help="build a package opmagic exported, install it where opmagic is not importable and "
-        "run its tests there (exit status 1 when a step fails)",
-    )
-    verify.add_argument("directory", help="the package's directory (what opmagic.export wrote)")
-
     diff.add_argument(
         "--fail-on-aten-override",
         action="store_true",
@@ -101,10 +156,10 @@ def _parser() -> argparse.ArgumentParser:
         "operator (for a library's CI)",
     )
 
-    doctor = commands.add_parser(
+    doctor = command(
         "doctor",
-        help="diagnose an operator defined in an importable module (exit status 1 when there "
-        "are findings)",
+        "diagnose an operator defined in an importable module (exit status 1 when there are "
+        "findings)",
     )
     doctor.add_argument(
         "target",
@@ -122,6 +177,13 @@ def _parser() -> argparse.ArgumentParser:
         "--kwargs", default="", help='keyword arguments as a Python expression, e.g. "dict(n=2)"'
     )
     add_options(doctor, DOCTOR_LADDER_OPTIONS)
+
+    verify = command(
+        "verify",
+        "build a package opmagic exported, install it where opmagic is not importable and run "
+        "its tests there (exit status 1 when a step fails)",
+    )
+    verify.add_argument("directory", help="the package's directory (what opmagic.export wrote)")
     return parser
 
 
@@ -180,6 +242,8 @@ def _call_arguments(options: argparse.Namespace, scope: dict[str, Any]) -> tuple
         args = (args,)
     kwargs = evaluate(options.kwargs, scope, "--kwargs") if options.kwargs.strip() else {}
     if not isinstance(kwargs, dict):
+        from IPython.core.error import UsageError
+
         raise UsageError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
     return args, kwargs
 
@@ -187,12 +251,14 @@ def _call_arguments(options: argparse.Namespace, scope: dict[str, Any]) -> tuple
 def _kernels(options: argparse.Namespace, argv: Sequence[str]) -> str:
     """``kernels``: the frame as text fitting the terminal, folded after ``--rows`` rows."""
     from .dispatch import kernels
-    from .view.frames import frame_text
+    from .view.frames import frame_text, nothing_found
 
-    frame = kernels(**kernels_keywords(options))
+    query = kernels_keywords(options)
+    frame = kernels(**query)
     limit = None if options.rows == "all" else int(options.rows)
     command = " ".join(["python -m opmagic", *_without_rows(argv), "--rows all"])
-    return frame_text(frame, limit, command)
+    empty = nothing_found(query["namespace"], query["keys"], query["missing"])
+    return frame_text(frame, limit, command, empty)
 
 
 def _diff(options: argparse.Namespace) -> tuple[str, int]:
@@ -233,6 +299,7 @@ def _doctor(options: argparse.Namespace) -> tuple[str, int]:
     """``doctor``: import MODULE, diagnose its ATTR on the sample ``--args``/``--kwargs`` give
     (or one built from the schema); status 1 when the diagnosis has findings."""
     import torch
+    from IPython.core.error import UsageError
 
     from .verify.doctor import doctor
 
@@ -287,6 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     options = _parser().parse_args(argv)
+    from IPython.core.error import UsageError  # what the options' value parsers raise
+
     status = 0
     try:
         if options.command == "table":

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -467,6 +468,19 @@ class BuildProgress:
     failed: bool = False
     expected: float | None = None  # what the last such build took on this machine, measured
 
+    @property
+    def started(self) -> str:
+        """The step as it starts, without times (a log's line; the step's end gives its
+        duration): ``opmagic: libx.so: linking …``."""
+        last = (
+            f" (the last build on this machine took {self.expected:.0f} s)"
+            if self.expected is not None
+            else ""
+        )
+        if self.library in self.step:
+            return f"opmagic: {self.step}{last}"
+        return f"opmagic: {self.library}: {self.step} …{last}"
+
     def __str__(self) -> str:
         elapsed = format_duration(self.elapsed, 2)
         if self.failed:
@@ -491,10 +505,13 @@ ProgressCallback = Callable[[BuildProgress], None]
 
 
 class StderrProgress:
-    """Progress on stderr: one line rewritten in place on a terminal, one line per step else."""
+    """Progress on stderr: one line rewritten in place on a terminal. Elsewhere (a log, a
+    pipe, a notebook's stderr) a line when a step starts and one when it ends, with its own
+    duration: ``libx.so: compiling …``, ``libx.so: compiling took 63.2 s``."""
 
     def __init__(self) -> None:
         self._last_step: str | None = None
+        self._step_started = 0.0  # the build's elapsed seconds when the last step started
 
     def __call__(self, event: BuildProgress) -> None:
         """Show ``event`` (called by the build a few times a second)."""
@@ -503,9 +520,14 @@ class StderrProgress:
             end = "\n" if event.finished else ""
             stream.write(f"\r\x1b[2K{event}{end}")
         elif event.finished or event.step != self._last_step:
-            stream.write(f"{event}\n")
+            if self._last_step:  # the step that ended, with its own duration
+                took = event.elapsed - self._step_started
+                stream.write(f"opmagic: {event.library}: {self._last_step} took {took:.1f} s\n")
+                event = dataclasses.replace(event, expected=None)  # said at the first step
+            stream.write(f"{event if event.finished else event.started}\n")
+            self._step_started = event.elapsed
         stream.flush()
-        self._last_step = event.step
+        self._last_step = None if event.finished else event.step
 
 
 # The default progress callback of builds: a line on stderr.

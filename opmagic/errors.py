@@ -9,7 +9,13 @@ from .display import Displayable
 
 
 class OpmagicError(Exception):
-    """Base class of every error opmagic raises on purpose."""
+    """Base class of every error opmagic raises on purpose.
+
+    ``displayed`` is set by a front end that has shown the error already (a notebook draws a
+    ``CompileError`` in place of the build's progress): IPython then shows it no second time.
+    """
+
+    displayed = False
 
     def _render_traceback_(self) -> list[str]:
         """IPython shows this instead of a traceback: the message says what is wrong and how to
@@ -137,8 +143,8 @@ class CacheFullError(BuildError):
 class CompileError(BuildError, Displayable):
     """The compiler rejected the source; the message shows every error at its source line.
 
-    In a notebook it displays as the errors beside their source lines, the log folded below;
-    a front end that displayed it sets ``displayed``, and the traceback then adds nothing.
+    In a notebook it displays as the errors beside their source lines, the log folded below
+    (and the front end that displayed it sets ``displayed``: nothing repeats it).
     ``diagnostics`` holds every parsed compiler message, ``log`` the full compiler output
     (the source's lines numbered as the user sees them), ``command`` the command that
     failed; ``source``, ``label`` and ``first_line`` say which source it was and how the user
@@ -163,11 +169,6 @@ class CompileError(BuildError, Displayable):
         self.source = source
         self.label = label
         self.first_line = first_line
-        self.displayed = False
-
-    def _render_traceback_(self) -> list[str]:
-        """Nothing when the error was displayed already (in a notebook), else the message."""
-        return [] if self.displayed else super()._render_traceback_()
 
 
 class LoadError(BuildError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -42,6 +44,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for case, keep in zip(function_cases, chosen, strict=True):
             if not keep:
                 case.add_marker(pytest.mark.exhaustive)
+@pytest.fixture(scope="session", autouse=True)
+def no_background_precompile_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After the run, end the background precompiles its builds, ``%load_ext opmagic`` and
+    notebook kernels started in the run's temporary caches: they outlive the process that
+    starts them by design (opmagic.native.headers) and would go on compiling after it."""
+    yield
+    stop_background_precompiles(tmp_path_factory.getbasetemp())
+
+
+def stop_background_precompiles(root: Path, wait_s: float = 10.0) -> list[int]:
+    """End every background precompile working in a build cache under ``root`` (each runs
+    in a process group of its own, whose leader's pid its ``precompiling.pid`` holds, in
+    the cache's directory); returns their pids once they are gone."""
+    stopped = []
+    for marker in root.rglob("precompiling.pid"):
+        try:
+            pid = int(marker.read_text())
+            working_in = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except (OSError, ValueError):  # done meanwhile, or not a pid
+            continue
+        if working_in.is_relative_to(root) and os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGTERM)
+            stopped.append(pid)
+    deadline = time.monotonic() + wait_s
+    while stopped and any(_alive(pid) for pid in stopped) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return stopped
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process is there and not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="session")

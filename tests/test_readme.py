@@ -28,18 +28,47 @@ _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _OPTION = re.compile(r"(?<![\w-])-{1,2}[\w-]+")  # -n, --no-pch: not the - of `-n/--name`
 _CODE = re.compile(r"`[^`\n]*`")  # inline code: `vadd[grid, block](a, b)` is no link
 
+# Runs the blocks as notebook cells. A cell shows only its last expression: an earlier line
+# whose value would display (an opmagic result, a widget, a line magic's result) is recorded
+# as lost, since its comment promises a picture the reader never sees.
 _RUNNER = textwrap.dedent(
     """
-    import json, sys
+    import ast, json, sys
     from IPython.core.interactiveshell import InteractiveShell
 
+    lost = []
+
+    def _shown_or_lost(value, line):
+        if value is not None and any(
+            hasattr(value, hook)
+            for hook in ("_repr_mimebundle_", "_repr_html_", "_ipython_display_")
+        ):
+            lost.append((number, line, type(value).__name__))
+
+    class NotLast(ast.NodeTransformer):
+        def visit_Module(self, module):
+            for statement in module.body[:-1]:
+                if isinstance(statement, ast.Expr):
+                    statement.value = ast.Call(
+                        ast.Name("_shown_or_lost", ast.Load()),
+                        [statement.value, ast.Constant(statement.lineno)],
+                        [],
+                    )
+            return ast.fix_missing_locations(module)
+
     shell = InteractiveShell.instance()
+    shell.ast_transformers.append(NotLast())
+    shell.user_ns["_shown_or_lost"] = _shown_or_lost
     for number, cell in enumerate(json.loads(sys.stdin.read()), 1):
         result = shell.run_cell(cell, store_history=True)
         if not result.success:
             error = result.error_in_exec or result.error_before_exec
             print(f"block {number} failed: {type(error).__name__}: {error}\\n{cell}")
             sys.exit(1)
+    for number, line, kind in lost:
+        print(f"README block {number}, line {line}: a {kind} that a notebook never shows "
+              "(not the cell's last line): end the block there, or display(...) it")
+    sys.exit(2 if lost else 0)
     """
 )
 

@@ -69,7 +69,8 @@ def test_the_fast_loop_samples_every_value_of_a_matrix():
     cases = [
         {"context": context, "inputs": inputs, "keys": kernels}
         for context, inputs, kernels in itertools.product(
-            ["plain", "no_grad", "autocast", "vmap", "FakeTensorMode"], ["cpu", "meta", "sparse"],
+            ["plain", "no_grad", "autocast", "vmap", "FakeTensorMode"],
+            ["cpu", "meta", "sparse"],
             keys,
         )
     ]
@@ -105,9 +106,19 @@ def test_no_internal_issue_numbers_in_what_users_read():
 # What certainly starts a process, a compiler, a kernel or a browser when a test runs it: a
 # call of one of these (as a name or an attribute), or a fixture named here.
 _SPAWNING_CALLS = {
-    "subprocess.run", "subprocess.Popen", "subprocess.check_output", "subprocess.check_call",
-    "subprocess.call", "os.fork", "os.system", "multiprocessing.Process", "torch.compile",
-    "compile_library", "compile_cuda_library", "sync_playwright", "NotebookClient",
+    "subprocess.run",
+    "subprocess.Popen",
+    "subprocess.check_output",
+    "subprocess.check_call",
+    "subprocess.call",
+    "os.fork",
+    "os.system",
+    "multiprocessing.Process",
+    "torch.compile",
+    "compile_library",
+    "compile_cuda_library",
+    "sync_playwright",
+    "NotebookClient",
 }
 _SPAWNING_FIXTURES = {"run_notebook"}
 
@@ -184,14 +195,23 @@ def _test_functions() -> list[_TestFunction]:
 
 def _spawners(functions: list[_TestFunction]) -> set[tuple[str, str]]:
     """(module, name) of every function that spawns, itself or through a helper or fixture
-    (helpers and fixtures looked up by name: a module's own first, then any conftest's)."""
+    (helpers and fixtures looked up by name: a module's own first, then those of the conftests
+    that apply to it, the nearest first, as pytest does)."""
     by_module = {(f.module, f.name): f for f in functions}
-    fixtures = {f.name: f for f in functions if f.fixture and f.module.endswith("conftest.py")}
+    conftests = [f for f in functions if f.fixture and f.module.endswith("conftest.py")]
+
+    def fixture(name: str, module: str) -> _TestFunction | None:
+        applying = [
+            f
+            for f in conftests
+            if f.name == name and module.startswith(f.module[: -len("conftest.py")])
+        ]
+        return max(applying, key=lambda f: len(f.module), default=None)
 
     def callees(function: _TestFunction) -> list[_TestFunction]:
         names = {c.rpartition(".")[2] for c in function.calls}
         names |= {a.arg for a in function.node.args.args}  # the fixtures it asks for
-        found = [by_module.get((function.module, n)) or fixtures.get(n) for n in names]
+        found = [by_module.get((function.module, n)) or fixture(n, function.module) for n in names]
         return [f for f in found if f is not None and f is not function]
 
     spawning = {
@@ -267,3 +287,16 @@ def test_no_test_holds_a_duration_to_a_budget():
                 if budget and any(_is_duration(side) for side in sides):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, "budgets belong in benchmarks/: " + ", ".join(found)
+
+
+def test_the_license_file_is_the_license_pyproject_names():
+    """pyproject says BSD-3-Clause; LICENSE holds that license's text (setuptools ships it
+    in the wheel as a license file), held by the opmagic authors."""
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
+    assert declared == {"text": "BSD-3-Clause"}
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("BSD 3-Clause License\n")
+    assert re.search(r"^Copyright \(c\) \d{4}, the opmagic authors$", text, re.M)
+    assert "3. Neither the name of the copyright holder nor the names of its" in text

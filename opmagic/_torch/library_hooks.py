@@ -103,6 +103,11 @@ class Registration(abc.ABC):
         """Whether the registration is in effect now."""
         return self.state == "applied"
 
+    @property
+    def made_through(self) -> Any:
+        """The ``torch.library.Library`` it was made through, if any (and still alive)."""
+        return None
+
     def remove(self) -> None:
         """Undo the registration, keeping what is needed to re-apply it."""
         if self.state == "applied":
@@ -166,6 +171,11 @@ class DispatcherRegistration(Registration):
         else:
             self.kind, self.op, self.key = "impl", _qualify(namespace, args[0]), args[1]
         self.exclusive = self.kind in ("def", "namespace")
+
+    @property
+    def made_through(self) -> Any:
+        """The ``torch.library.Library`` it was made through, if it is still alive."""
+        return self.module.library()
 
     @functools.cached_property
     def definition(self) -> tuple[str, str, frozenset]:
@@ -290,6 +300,11 @@ class PythonRegistration(Registration):
         if self.kind == "fake":
             self._fake_kernel = _fake_holder(self.op).kernel
         self.state = "applied"
+
+    @property
+    def made_through(self) -> Any:
+        """The ``torch.library.Library`` it was made through."""
+        return self.library
 
     def describe(self) -> str:
         return f"{self.summary()} for {self.op}"

@@ -305,6 +305,8 @@ class Session:
         self._held: list[Any] = []  # recorded Libraries, kept alive while a cell runs
         # handles of other cells that the running cell's new ones replace (for its notes)
         self._taken_over: list[tuple[TrackedHandle, CellRecord]] = []
+        # Libraries that registrations went through which a later cell replaced for good
+        self._emptied: weakref.WeakSet[Any] = weakref.WeakSet()
         self._anonymous = itertools.count(1)
         self._sequence = itertools.count(1)
         # the history (see .history): the latest successful run of each cell, by cell key;
@@ -610,18 +612,32 @@ class Session:
         identity = run.identity if run is not None else CellIdentity()
 
         def other(owner: CellRecord) -> bool:
-            return run is not None and owner not in (run, previous) and not _reruns(
-                run, identity, owner
+            return (
+                run is not None
+                and owner not in (run, previous)
+                and not _reruns(run, identity, owner)
             )
 
-        notes = [
-            f"dropped cell {owner.label}'s {registration.describe()} (re-run that cell to add "
-            "it again)"
-            if id(registration) in self._dropped
-            else f"replaced cell {owner.label}'s {registration.describe()}"
-            for registration, owner in self._evicted
-            if other(owner)
-        ]
+        by_operator: dict[tuple[str, str | None], list[library_hooks.Registration]] = {}
+        notes = []
+        for registration, owner in self._evicted:
+            if not other(owner):
+                continue
+            if id(registration) in self._dropped:
+                notes.append(
+                    f"dropped cell {owner.label}'s {registration.describe()} (re-run that cell "
+                    "to add it again)"
+                )
+            else:
+                by_operator.setdefault((owner.label, registration.op), []).append(registration)
+        for (label, op), replaced in by_operator.items():
+            if op is not None and len(replaced) > 1:  # one note per operator
+                parts = ", ".join(
+                    dict.fromkeys(registration.summary() for registration in replaced)
+                )
+                notes.append(f"replaced cell {label}'s {parts} for {op}")
+            else:
+                notes += [f"replaced cell {label}'s {r.describe()}" for r in replaced]
         notes += [
             f"replaced cell {owner.label}'s {tracked.description}"
             for tracked, owner in self._taken_over
@@ -670,7 +686,9 @@ class Session:
         return foreign_operator_message(qualname)
 
     def report(self) -> SessionReport:
-        """What each cell registered, an operator per line, for display."""
+        """What each cell registered that is in effect, an operator per line, for display.
+        A cell, or a Library, whose registrations later cells replaced is left out."""
+        in_use = {id(r.made_through) for _, r in self._applied() if r.made_through is not None}
         cells = []
         for record in [*self._records.values(), self._outside]:
             items = _grouped(r for r in record.registrations if r.applied)
@@ -679,9 +697,10 @@ class Session:
                 (f"Library({lib.ns!r}, {lib.kind!r})", "")
                 for lib in record.live_libraries()
                 if not library_hooks.is_torch_held_library(lib)
+                and (id(lib) in in_use or lib not in self._emptied)
             ]
             items += [(t.description, "") for t in record.handles if t.is_open]
-            if items or record.notes:
+            if items:  # a cell whose registrations later cells replaced holds nothing now
                 notes = tuple(record.notes)
                 cells.append(CellReport(record.label, record.key, tuple(items), notes))
         return SessionReport(tuple(cells))
@@ -891,6 +910,8 @@ class Session:
         for registration, owner in replaced:
             if registration in owner.registrations:
                 owner.registrations.remove(registration)
+            if registration.made_through is not None:
+                self._emptied.add(registration.made_through)
             registration.discard()
         if previous is not None:
             self._records.pop(previous.key, None)

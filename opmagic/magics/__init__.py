@@ -41,10 +41,14 @@ WARM_UPS: list[tuple[str, str]] = [
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register opmagic's magics with an IPython shell (the session starts with them), then
-    start the warm-ups."""
+    """Register opmagic's magics with an IPython shell (the session starts with them), have
+    it show an error a magic displayed once (:func:`~opmagic.magics.context.show_errors_once`),
+    then start the warm-ups."""
+    from .context import show_errors_once
+
     for module, name in MAGIC_CLASSES:
         ipython.register_magics(getattr(importlib.import_module(f"{__name__}.{module}"), name))
+    show_errors_once(ipython)
     warm_up()
 
 
@@ -61,6 +65,9 @@ def unload_ipython_extension(ipython: Any) -> None:
     registered), even when one of them fails to close; the first failure is raised after,
     with the extension unloaded all the same (so that ``%load_ext opmagic`` loads it again).
     """
+    from .context import stop_showing_errors_once
+
+    stop_showing_errors_once(ipython)
     failures: list[BaseException] = []
     for module, name in reversed(MAGIC_CLASSES):
         magics = getattr(importlib.import_module(f"{__name__}.{module}"), name)

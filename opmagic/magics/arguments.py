@@ -3,7 +3,7 @@
 An :class:`Option` is an argparse argument as data. A bundle (a tuple of options) is
 applied to a magic with :func:`with_options`, as IPython's ``script_args`` does, or to an
 argparse parser with :func:`add_options`: ``%%torch_library`` and ``%%cuda_kernel`` share
-:data:`BUILD_OPTIONS`, the cell magics :data:`COMPARE_OPTIONS`, ``%%custom_op`` and
+:func:`build_options`, the cell magics :data:`COMPARE_OPTIONS`, ``%%custom_op`` and
 ``%%triton_op`` :data:`PYTHON_OP_OPTIONS`, the cell magics that make an op
 :data:`DOCTOR_CELL_OPTIONS`, ``%doctor`` and the CLI's ``doctor`` :data:`DOCTOR_LADDER_OPTIONS`;
 ``%dispatch``, ``%%trace`` and the CLI's
@@ -15,13 +15,14 @@ expression) and :func:`names` (a comma-separated list).
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..dispatch.contexts import CallContext
-from ..native.options import DEFAULT_OPT_LEVEL
+if TYPE_CHECKING:
+    from ..dispatch.contexts import CallContext
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -231,6 +232,8 @@ CONTEXT_OPTIONS: tuple[Option, ...] = (
 
 def call_context(options: argparse.Namespace) -> CallContext:
     """The :class:`CallContext` that parsed :data:`CONTEXT_OPTIONS` ask for."""
+    from ..dispatch.contexts import CallContext
+
     return CallContext(
         no_grad=options.no_grad,
         inference_mode=options.inference_mode,
@@ -411,68 +414,80 @@ def doctor_keywords(options: argparse.Namespace) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- C++ and CUDA builds
 
-BUILD_OPTIONS: tuple[Option, ...] = (
-    Option(("-n", "--name"), {"help": "library name (lib<NAME>.so); default: the first namespace"}),
-    Option(
-        ("-O", "--opt"),
-        {
-            "dest": "opt_level",
-            "default": DEFAULT_OPT_LEVEL,
-            "help": f"optimisation level 0, 1, 2, 3, s or g (default {DEFAULT_OPT_LEVEL}: fast "
-            "builds; 2 or 3 to time kernels)",
-        },
-    ),
-    Option(
-        ("-I", "--include"),
-        {
-            "dest": "include_dirs",
-            "action": "append",
-            "default": [],
-            "metavar": "DIR",
-            "help": "add an include directory (repeatable); headers there are tracked for rebuilds",
-        },
-    ),
-    Option(
-        ("--cflags",),
-        {
-            "action": "append",
-            "default": [],
-            "metavar": "FLAGS",
-            "help": "extra compiler flags, split as a shell would (repeatable): "
-            '--cflags="-DFOO=1 -march=native"',
-        },
-    ),
-    Option(
-        ("--ldflags",),
-        {
-            "action": "append",
-            "default": [],
-            "metavar": "FLAGS",
-            "help": "extra linker flags, split as a shell would (repeatable): "
-            '--ldflags="-L/opt/lib -lfoo"',
-        },
-    ),
-    Option(
-        ("--no-pch",),
-        {
-            "dest": "precompiled_headers",
-            "action": "store_false",
-            "help": "do not use precompiled torch headers (slower; to rule them out)",
-        },
-    ),
-    Option(
-        ("-f", "--force"),
-        {"action": "store_true", "help": "rebuild even if a cached build exists"},
-    ),
-    Option(
-        ("-v", "--verbose"),
-        {"action": "store_true", "help": "print the compiler commands and output"},
-    ),
-)
+
+@functools.cache
+def build_options() -> tuple[Option, ...]:
+    """The options of the magics that build C++ and CUDA (``%%torch_library``,
+    ``%%cuda_kernel``); made when first asked for, since their default optimisation level is
+    the native builds' own (imported with torch: the CLI, which has no build options, does
+    not import it)."""
+    from ..native.options import DEFAULT_OPT_LEVEL
+
+    return (
+        Option(
+            ("-n", "--name"), {"help": "library name (lib<NAME>.so); default: the first namespace"}
+        ),
+        Option(
+            ("-O", "--opt"),
+            {
+                "dest": "opt_level",
+                "default": DEFAULT_OPT_LEVEL,
+                "help": f"optimisation level 0, 1, 2, 3, s or g (default {DEFAULT_OPT_LEVEL}: "
+                "fast builds; 2 or 3 to time kernels)",
+            },
+        ),
+        Option(
+            ("-I", "--include"),
+            {
+                "dest": "include_dirs",
+                "action": "append",
+                "default": [],
+                "metavar": "DIR",
+                "help": "add an include directory (repeatable); headers there are tracked for "
+                "rebuilds",
+            },
+        ),
+        Option(
+            ("--cflags",),
+            {
+                "action": "append",
+                "default": [],
+                "metavar": "FLAGS",
+                "help": "extra compiler flags, split as a shell would (repeatable): "
+                '--cflags="-DFOO=1 -march=native"',
+            },
+        ),
+        Option(
+            ("--ldflags",),
+            {
+                "action": "append",
+                "default": [],
+                "metavar": "FLAGS",
+                "help": "extra linker flags, split as a shell would (repeatable): "
+                '--ldflags="-L/opt/lib -lfoo"',
+            },
+        ),
+        Option(
+            ("--no-pch",),
+            {
+                "dest": "precompiled_headers",
+                "action": "store_false",
+                "help": "do not use precompiled torch headers (slower; to rule them out)",
+            },
+        ),
+        Option(
+            ("-f", "--force"),
+            {"action": "store_true", "help": "rebuild even if a cached build exists"},
+        ),
+        Option(
+            ("-v", "--verbose"),
+            {"action": "store_true", "help": "print the compiler commands and output"},
+        ),
+    )
 
 
 def build_keywords(options: argparse.Namespace) -> dict[str, Any]:
-    """``compile_library`` keywords from parsed :data:`BUILD_OPTIONS`."""
+    """``compile_library`` keywords from parsed :func:`build_options`."""
     return {
         "name": options.name,
         "extra_cflags": joined(options.cflags),
@@ -486,9 +501,9 @@ def build_keywords(options: argparse.Namespace) -> dict[str, Any]:
 
 
 def given_build_options(options: argparse.Namespace) -> list[str]:
-    """The :data:`BUILD_OPTIONS` a command line set away from their defaults, by flag."""
+    """The :func:`build_options` a command line set away from their defaults, by flag."""
     return [
         option.flags[-1]
-        for option in BUILD_OPTIONS
+        for option in build_options()
         if getattr(options, option.dest) != option.default
     ]

@@ -7,12 +7,22 @@ A ``UsageError`` is for a bad magic line or expression only; every other failure
 frames (IPython shows :meth:`OpmagicError._render_traceback_`). Either way the message starts
 with the magic's name, once; but an error that is a display of its own (a ``CompileError``:
 its errors at their cell lines under the name of the build that failed) keeps its message.
+
+An error a magic has already displayed (``error.displayed``: a ``CompileError`` drawn in place
+of the build's progress in a notebook) is shown once: :func:`show_errors_once` makes IPython
+send no second ``error`` output for it (ipykernel sends one for every traceback it shows,
+even an empty one, and JupyterLab draws an empty one as ``ename: evalue``). The cell still
+fails: the execute reply says ``error`` (with the message as its traceback, which
+nbclient and nbconvert print), so "Run All" stops there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -40,3 +50,45 @@ class ShellMagics(Magics):
     types say ``shell`` may be None, which never holds for a registered magic."""
 
     shell: InteractiveShell
+class _ShownOnce:
+    """The shell's custom exception handler (``InteractiveShell.set_custom_exc``) for
+    :class:`OpmagicError`: an error a magic has displayed already is recorded for
+    ``%debug``/``%tb`` and not shown again; any other is shown as IPython shows it. The
+    exceptions of a handler the user had set go to that handler."""
+
+    def __init__(self, shell: Any) -> None:
+        self.previous = (shell.custom_exceptions, shell.CustomTB)
+        self.installed: Any = None  # the shell's CustomTB once this handler is set
+
+    def show(
+        self, shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None
+    ) -> None:
+        """Show ``value`` (IPython calls this for an exception of the handled classes)."""
+        exceptions, previous_handler = self.previous
+        if not isinstance(value, OpmagicError) and isinstance(value, exceptions):
+            previous_handler(etype, value, tb, tb_offset=tb_offset)
+        elif getattr(value, "displayed", False):
+            sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb
+            if hasattr(shell, "_last_traceback"):  # ipykernel: the execute reply's traceback,
+                shell._last_traceback = value._render_traceback_()  # what nbclient prints
+        else:
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+
+
+_handlers: weakref.WeakKeyDictionary[Any, _ShownOnce] = weakref.WeakKeyDictionary()
+
+
+def show_errors_once(shell: Any) -> None:
+    """Set the handler that shows a displayed :class:`OpmagicError` once (see the module)."""
+    handler = _ShownOnce(shell)
+    shell.set_custom_exc((*shell.custom_exceptions, OpmagicError), handler.show)
+    handler.installed = shell.CustomTB
+    _handlers[shell] = handler
+
+
+def stop_showing_errors_once(shell: Any) -> None:
+    """Give the shell back the custom exception handler it had before
+    :func:`show_errors_once`, unless another one has replaced opmagic's since."""
+    handler = _handlers.pop(shell, None)
+    if handler is not None and shell.CustomTB == handler.installed:
+        shell.custom_exceptions, shell.CustomTB = handler.previous

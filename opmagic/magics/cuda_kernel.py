@@ -22,9 +22,9 @@ from ..cells.session import active_session
 from ..native.blocks import scan_blocks
 from ..native.cuda.library import compile_cuda_library
 from .arguments import (
-    BUILD_OPTIONS,
     COMPARE_OPTIONS,
     build_keywords,
+    build_options,
     given_build_options,
     joined,
     parse_options,
@@ -82,7 +82,7 @@ class CudaKernelMagics(ShellMagics):
         help="full path: compile the cell as one nvcc translation unit, as setup.py does "
         "(slower: nvcc reads torch's headers; for cells the split cannot handle)",
     )
-    @with_options(BUILD_OPTIONS)  # -I for both paths; the rest for the full path's host build
+    @with_options(build_options())  # -I for both paths; the rest for the full path's host build
     @with_options(COMPARE_OPTIONS)
     @cell_magic
     def cuda_kernel(self, line: str, cell: str) -> Any:

@@ -7,7 +7,7 @@ from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
 
 from ..dispatch import kernels
-from ..view.frames import KernelsView, kernels_call
+from ..view.frames import KernelsView, kernels_view
 from .arguments import KERNELS_OPTIONS, kernels_keywords, parse_options, with_options
 from .context import ShellMagics, magic_context
 
@@ -25,4 +25,4 @@ class KernelsMagics(ShellMagics):
         with magic_context("%kernels"):
             query = kernels_keywords(parse_options(self.kernels, line))
             frame = kernels(**query)
-        return KernelsView(frame, kernels_call(**query))
+        return kernels_view(frame, **query)

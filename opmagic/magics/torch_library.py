@@ -14,18 +14,18 @@ from typing import Any
 
 from IPython.core.magic import cell_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
-from IPython.display import display
 
 from ..cachedir import ProgressCallback
 from ..cells.history import CellSource
 from ..cells.session import CellIdentity, active_session
 from ..errors import CompileError, OpmagicError, RegistrationError
 from ..native import BuildProgress, LoadedLibrary, compile_library, stderr_progress
+from ..view.live import LiveOutput
 from .arguments import (
-    BUILD_OPTIONS,
     COMPARE_OPTIONS,
     DOCTOR_CELL_OPTIONS,
     build_keywords,
+    build_options,
     parse_options,
     with_options,
 )
@@ -41,22 +41,15 @@ class DisplayProgress:
     """Build progress as one notebook output, updated in place (then the result or error)."""
 
     def __init__(self) -> None:
-        self.handle: Any = None
+        self.output = LiveOutput()
 
     def __call__(self, event: BuildProgress) -> None:
-        """Show ``event``, creating the output on the first report."""
-        bundle = {"text/plain": str(event)}
-        if self.handle is None:
-            self.handle = display(bundle, raw=True, display_id=True)
-        else:
-            self.handle.update(bundle, raw=True)
+        """Show ``event`` in place of the last one."""
+        self.output.text(str(event))
 
     def show(self, obj: Any) -> None:
         """Replace the progress output with ``obj`` (or add it when nothing was built)."""
-        if self.handle is None:
-            display(obj)
-        else:
-            self.handle.update(obj)
+        self.output.show(obj)
 
     def clear(self) -> None:
         """Empty the progress output (the result is shown as the cell's value instead)."""
@@ -122,7 +115,7 @@ class TorchLibraryMagics(ShellMagics):
     """The ``%%torch_library`` cell magic."""
 
     @magic_arguments()
-    @with_options(BUILD_OPTIONS)
+    @with_options(build_options())
     @with_options(COMPARE_OPTIONS)
     @with_options(DOCTOR_CELL_OPTIONS)
     @cell_magic

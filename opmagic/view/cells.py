@@ -6,13 +6,15 @@ from collections.abc import Sequence
 from html import escape
 
 from ..cells.custom_op import CustomOpResult
-from ..cells.session import SessionReport
+from ..cells.session import CellReport, SessionReport
 from ..dispatch.table import DispatchTable
 from ..display import renders
 from ..verify.checks import CheckReport
 from .layout import aligned, fitted, html_rows, joined
 from .style import KIND_COLOURS, STATUS_COLOURS, styled
 from .table import grouped_entries, table_html
+
+SESSION_CELLS = 8  # cells %opmagic session shows in a notebook before folding the others
 
 
 @renders(CustomOpResult, "text")
@@ -99,15 +101,40 @@ def session_text(report: SessionReport) -> str:
 
 @renders(SessionReport, "html")
 def session_html(report: SessionReport) -> str:
-    """The session listing as HTML, a section per cell."""
+    """The session listing as one table, a cell's rows under its label (notes dimmed); the
+    cells after the first :data:`SESSION_CELLS` fold away below them."""
     if not report.cells:
-        return styled("no cell has registered anything yet")
-    sections = []
-    for cell in report.cells:
-        notes = "".join(f'<div class="dim">note: {escape(n)}</div>' for n in cell.notes)
-        sections.append(
-            f"<div><b>cell {escape(cell.label)}</b>"
-            f"{html_rows(cell.items, ('registration', 'where'))}{notes}</div>"
-        )
+        return styled("No cell has registered anything yet.")
     colour = KIND_COLOURS["kernel"]
-    return styled(f'<b style="color:{colour}">opmagic session</b>{"".join(sections)}')
+    things = sum(len(cell.items) for cell in report.cells)
+    cells = "cell" if len(report.cells) == 1 else "cells"
+    head = (
+        f'<b style="color:{colour}">opmagic session</b>: {len(report.cells)} {cells} '
+        f"{'holds' if len(report.cells) == 1 else 'hold'} {things} registration"
+        f"{'' if things == 1 else 's'}"
+    )
+    shown, folded = report.cells[:SESSION_CELLS], report.cells[SESSION_CELLS:]
+    body = _session_table(shown)
+    if folded:
+        body += (
+            f"<details><summary>{len(folded)} more cells (cells {escape(folded[0].label)} to "
+            f"{escape(folded[-1].label)})</summary>{_session_table(folded)}</details>"
+        )
+    return styled(head + body)
+
+
+def _session_table(cells: Sequence[CellReport]) -> str:
+    """Rows of (cell, registration, where), a cell's label on its first row, its notes after."""
+    rows = []
+    for cell in cells:
+        entries = [*cell.items, *((f"note: {note}", None) for note in cell.notes)]
+        for number, (what, where) in enumerate(entries):
+            label = escape(f"cell\u00a0{cell.label}") if number == 0 else ""
+            shown = (
+                f"<td>{escape(what)}</td><td>{escape(where)}</td>"
+                if where is not None
+                else f'<td colspan="2" class="dim">{escape(what)}</td>'
+            )
+            rows.append(f"<tr><td>{label}</td>{shown}</tr>")
+    head = "<tr><th>cell</th><th>registration</th><th>where</th></tr>"
+    return f"<table>{head}{''.join(rows)}</table>"

@@ -16,10 +16,12 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..display import format_duration, renders
 from ..verify.compare import CaseResult, Comparison, SweepProgress
+from .layout import NOTEBOOK_CHARS
+from .live import LiveOutput, in_notebook
 from .style import DIM_COLOUR, FAIL_COLOUR, FAIL_FILL, STATUS_COLOURS, styled
 
 if TYPE_CHECKING:
@@ -35,8 +37,9 @@ class _Column:
 
     header: str
     cell: Callable[[CaseResult], str]
-    drop_order: int  # columns with the highest numbers go first when the terminal is narrow
+    drop_order: int  # columns with the highest numbers go first when the width is short
     when: Callable[[Comparison], bool] = lambda comparison: True
+    wraps: bool = False  # HTML may break its cells between words (the others never)
 
 
 def _number(value: float | None, spec: str = ".2g") -> str:
@@ -58,17 +61,25 @@ def _several_devices(comparison: Comparison) -> bool:
     return len({row.device for row in comparison.rows}) > 1
 
 
+def _spread(row: CaseResult) -> str:
+    """The timings' spread (IQR as a share of the median), ``!`` when they are noise."""
+    if row.spread is None:
+        return "-"
+    return f"{row.spread:.0%}" + ("!" if row.noise is not None else "")
+
+
 _COLUMNS = (
     _Column("size", lambda r: "-" if r.size is None else str(r.size), 0),
     _Column("dtype", lambda r: r.dtype, 0),
     _Column("device", lambda r: r.device, 2, _several_devices),
-    _Column("verdict", lambda r: r.verdict, 0),
-    _Column("max abs err", lambda r: _number(r.max_abs_error), 4),
-    _Column("max rel err", lambda r: _number(r.max_rel_error), 6),
+    _Column("verdict", lambda r: r.verdict, 0, wraps=True),
+    _Column("abs err", lambda r: _number(r.max_abs_error), 4),
+    _Column("rel err", lambda r: _number(r.max_rel_error), 5),
     _Column("time", lambda r: format_duration(r.time), 0),
     _Column("ref time", lambda r: format_duration(r.reference_time), 1),
     _Column("speedup", _speedup, 0),
-    _Column("GB/s", lambda r: _bandwidth(r.bandwidth), 5),
+    _Column("IQR", _spread, 1),
+    _Column("GB/s", lambda r: _bandwidth(r.bandwidth), 6),
     _Column("ref GB/s", lambda r: _bandwidth(r.reference_bandwidth), 7),
     _Column("fwd+bwd", lambda r: format_duration(r.backward_time), 3, lambda c: c.backward),
     _Column(
@@ -78,6 +89,39 @@ _COLUMNS = (
         lambda c: c.backward,
     ),
 )
+
+
+def _fitting(comparison: Comparison, width: int, wrapping: bool) -> list[_Column]:
+    """The columns that fit ``width`` characters, the least needed left out first. A column
+    takes its widest cell (its longest word where ``wrapping`` lets it break) and two
+    characters of space."""
+    columns = [c for c in _COLUMNS if c.when(comparison)]
+
+    def wide(column: _Column) -> int:
+        cells = [column.header, *(column.cell(row) for row in comparison.rows)]
+        if wrapping and column.wraps:
+            cells = [word for cell in cells for word in cell.split()]
+        return max(map(len, cells)) + 2
+
+    while sum(map(wide, columns)) > width:
+        droppable = [c for c in columns if c.drop_order > 0]
+        if not droppable:
+            break
+        columns.remove(max(droppable, key=lambda c: c.drop_order))
+    return columns
+
+
+def _footer(comparison: Comparison, columns: list[_Column]) -> str:
+    """How values and times were judged, and the columns the width left out."""
+    footer = (
+        f"values compared with {comparison.tolerances} (abs/rel err: the largest "
+        "differences); times are medians of torch.utils.benchmark's runs, IQR their "
+        "interquartile range against the median (! marks noise)"
+    )
+    left_out = [c.header for c in _COLUMNS if c.when(comparison) and c not in columns]
+    if left_out:
+        footer += f"; {', '.join(left_out)}: in .frame()"
+    return footer
 
 
 def heading(comparison: Comparison) -> str:
@@ -90,21 +134,15 @@ def heading(comparison: Comparison) -> str:
 @renders(Comparison, "text")
 def comparison_text(comparison: Comparison, width: int | None = None) -> str:
     """The table at the terminal's width (the least needed columns left out when it is
-    narrow), then every mismatch, one per line, wrapped."""
+    narrow), then every mismatch, one per line, wrapped, and what makes the times doubtful."""
     width = max(width or shutil.get_terminal_size().columns, _MIN_WIDTH)
-    columns = [c for c in _COLUMNS if c.when(comparison)]
+    if not comparison.rows:
+        return "\n".join(textwrap.wrap(heading(comparison), width, subsequent_indent="    "))
+    columns = _fitting(comparison, width, wrapping=False)
     table = [[c.header for c in columns]] + [
         [c.cell(row) for c in columns] for row in comparison.rows
     ]
-    while True:
-        widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
-        droppable = [i for i, c in enumerate(columns) if c.drop_order > 0]
-        if 2 + sum(widths) + 2 * (len(widths) - 1) <= width or not droppable:
-            break
-        drop = max(droppable, key=lambda i: columns[i].drop_order)
-        del columns[drop]
-        for line in table:
-            del line[drop]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     lines = textwrap.wrap(heading(comparison), width, subsequent_indent="    ")
     lines += [
         "  " + "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
@@ -118,15 +156,25 @@ def comparison_text(comparison: Comparison, width: int | None = None) -> str:
                 initial_indent="  ",
                 subsequent_indent="      ",
             )
-    footer = f"values compared with {comparison.tolerances}; times are medians"
+    for warning in comparison.warnings:
+        lines += textwrap.wrap(
+            f"warning: {warning}", width, initial_indent="  ", subsequent_indent="      "
+        )
+    footer = _footer(comparison, columns)
     lines += textwrap.wrap(footer, width, initial_indent="  ", subsequent_indent="  ")
     return "\n".join(lines)
 
 
 @renders(Comparison, "html")
 def comparison_html(comparison: Comparison) -> str:
-    """The table (failing rows highlighted), the mismatches, and the plot when it has a line."""
-    columns = [c for c in _COLUMNS if c.when(comparison)]
+    """The table (failing rows highlighted), what makes the times doubtful, the mismatches,
+    and the plot when it has a line; the table keeps to a notebook's narrow pane (the least
+    needed columns, bandwidths first, are left to the DataFrame)."""
+    colour = STATUS_COLOURS["pass" if comparison.passed else "FAIL"]
+    headline = f'<div class="headline" style="color:{colour}">{escape(heading(comparison))}</div>'
+    if not comparison.rows:  # stopped before its first case: the heading says so
+        return styled(headline)
+    columns = _fitting(comparison, NOTEBOOK_CHARS, wrapping=True)
     head = "".join(f"<th>{escape(c.header)}</th>" for c in columns)
     body = []
     for row in comparison.rows:
@@ -136,7 +184,10 @@ def comparison_html(comparison: Comparison) -> str:
             text = escape(column.cell(row))
             if column.header == "verdict":
                 text = f'<b style="color:{STATUS_COLOURS[row.status]}">{text}</b>'
-            cells.append(f"<td>{text}</td>")
+            elif column.header == "IQR" and row.noise is not None:
+                text = f'<b style="color:{FAIL_COLOUR}" title="{escape(row.noise)}">{text}</b>'
+            nowrap = "" if column.wraps else ' style="white-space:nowrap"'
+            cells.append(f"<td{nowrap}>{text}</td>")
         body.append(f"<tr{fill}>{''.join(cells)}</tr>")
     mismatches = "".join(
         f'<li><span style="color:{STATUS_COLOURS[row.status]}">{escape(row.status)}</span> '
@@ -144,13 +195,14 @@ def comparison_html(comparison: Comparison) -> str:
         for row in comparison.rows
         for mismatch in row.mismatches
     )
-    colour = STATUS_COLOURS["pass" if comparison.passed else "FAIL"]
+    warnings = "".join(
+        f'<div style="color:{FAIL_COLOUR}">warning: {escape(warning)}</div>'
+        for warning in comparison.warnings
+    )
     return styled(
-        f'<b style="color:{colour}">{escape(heading(comparison))}</b>'
-        f"<table><tr>{head}</tr>{''.join(body)}</table>"
+        f"{headline}{warnings}<table><tr>{head}</tr>{''.join(body)}</table>"
         + (f"<ul>{mismatches}</ul>" if mismatches else "")
-        + f'<div class="dim">values compared with {escape(comparison.tolerances)}; '
-        "times are medians of torch.utils.benchmark's blocked autorange</div>"
+        + f'<div class="dim">{escape(_footer(comparison, columns))}</div>'
         + _plot_html(comparison)
     )
 
@@ -191,6 +243,11 @@ def comparison_frame(comparison: Comparison) -> pandas.DataFrame:
             "max_rel_error": row.max_rel_error,
             "time_us": micro(row.time),
             "reference_time_us": micro(row.reference_time),
+            "time_iqr_us": micro(row.timing.iqr if row.timing is not None else None),
+            "reference_time_iqr_us": micro(
+                row.reference_timing.iqr if row.reference_timing is not None else None
+            ),
+            "noise": row.noise,
             "speedup": row.speedup,
             "bandwidth_GBps": row.bandwidth,
             "reference_bandwidth_GBps": row.reference_bandwidth,
@@ -354,23 +411,24 @@ def progress_html(progress: SweepProgress) -> str:
 
 class LiveProgress:
     """A sweep's progress shown in place: one notebook output updated, else one line on
-    stderr (rewritten on a terminal; on a pipe, only how the sweep ended)."""
+    stderr (rewritten on a terminal; on a pipe, only how the sweep ended).
+
+    In a notebook the sweep's end says that its results are being drawn (the table and the
+    plot take seconds more) until the cell has ended, then how the sweep ended."""
 
     def __init__(self, progress: SweepProgress) -> None:
-        self.handle: Any = None
-        self.notebook = _in_notebook()
+        self.output = LiveOutput() if in_notebook() else None
         self.update(progress)
 
     def update(self, progress: SweepProgress) -> None:
         """Show ``progress`` instead of what was shown."""
-        if self.notebook:
-            from IPython.display import display
-
-            bundle = {"text/plain": progress_text(progress), "text/html": progress_html(progress)}
-            if self.handle is None:
-                self.handle = display(bundle, raw=True, display_id=True)
+        if self.output is not None:
+            if progress.finished and not progress.stopped:
+                text = f"{progress_text(progress)}; drawing the results…"
+                self.output.text(text, styled(f'<span class="dim">{escape(text)}</span>'))
+                self.output.after_cell(lambda output: self._show(output, progress))
             else:
-                self.handle.update(bundle, raw=True)
+                self._show(self.output, progress)
             return
         stream = sys.stderr
         text = progress_text(progress)[: max(shutil.get_terminal_size().columns - 1, 20)]
@@ -380,14 +438,9 @@ class LiveProgress:
             stream.write(f"{text}\n")
         stream.flush()
 
-
-def _in_notebook() -> bool:
-    """Whether this runs in a Jupyter kernel (which shows rich outputs)."""
-    if "IPython" not in sys.modules:
-        return False
-    from IPython import get_ipython
-
-    return getattr(get_ipython(), "kernel", None) is not None
+    @staticmethod
+    def _show(output: LiveOutput, progress: SweepProgress) -> None:
+        output.text(progress_text(progress), progress_html(progress))
 
 
 @renders(SweepProgress, "live")

@@ -35,6 +35,9 @@ from ..errors import OpmagicError
 from .style import styled
 
 _RECORD_WRAP = 48  # characters per line of a record field
+# Graphviz's "size" (inches) that scales a drawing down to JupyterLab's output pane in a
+# 1024x768 window with the file browser open (592 px), never up; any height
+PANE_SIZE = "6,1000"
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,8 +58,14 @@ class Diagram(Displayable):
         return self.graph.source
 
     def svg(self, renderer: str | None = None) -> str:
-        """The rendered SVG (``renderer``: ``"dot"``, ``"wasi"`` or ``None`` for the default)."""
-        return render_svg(self.dot, renderer)
+        """The rendered SVG (``renderer``: ``"dot"``, ``"wasi"`` or ``None`` for the default),
+        scaled down to a notebook pane's width (:data:`PANE_SIZE`) when it is wider, unless
+        the graph sets a ``size`` of its own."""
+        graph = self.graph
+        if "size" not in graph.graph_attr:
+            graph = graph.copy()
+            graph.graph_attr["size"] = PANE_SIZE
+        return render_svg(graph.source, renderer)
 
 
 @renders(Diagram, "text")

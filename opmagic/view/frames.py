@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..dispatch.kernels import LONG_COLUMNS as KERNEL_LONG_COLUMNS
 from ..display import Displayable, renders
-from .layout import fitted, joined, more_note, terminal_width
+from .layout import NOTEBOOK_CHARS, fitted, joined, more_note, terminal_width
 from .style import KIND_COLOURS, KIND_FILLS, styled
 
 if TYPE_CHECKING:
@@ -44,10 +44,41 @@ def style_kinds(frame: pandas.DataFrame) -> Styler:
 class KernelsView(Displayable):
     """A kernels DataFrame for display: styled in notebooks, width-aware text in terminals,
     both folded after their first rows. ``show_all`` is the command that gives every row
-    (by default the Python call, :func:`kernels_call`)."""
+    (by default the Python call, :func:`kernels_call`); ``empty`` the sentence shown when
+    there is none (:func:`nothing_found`)."""
 
     frame: pandas.DataFrame
     show_all: str = "the view's .frame (a DataFrame)"
+    empty: str = "No kernel matches."
+
+
+def kernels_view(
+    frame: pandas.DataFrame,
+    namespace: str | None = None,
+    keys: Sequence[str] | str | None = None,
+    wide: bool = False,
+    missing: str | None = None,
+) -> KernelsView:
+    """The view of ``opmagic.kernels(namespace, keys, wide=wide, missing=missing)``'s rows."""
+    return KernelsView(
+        frame,
+        kernels_call(namespace, keys, wide, missing),
+        nothing_found(namespace, keys, missing),
+    )
+
+
+def nothing_found(
+    namespace: str | None, keys: Sequence[str] | str | None, missing: str | None
+) -> str:
+    """What it means that ``kernels(namespace, keys, missing=missing)`` has no row."""
+    where = f" of namespace {namespace}" if namespace else ""
+    if missing is not None:
+        return f"Every operator{where} has a kernel of its own for {missing}: none lacks one."
+    if keys is None or keys == "all":
+        asked = "any of the keys asked for" if keys is None else "any key"
+    else:
+        asked = ", ".join([keys] if isinstance(keys, str) else keys)
+    return f"No operator{where} has a kernel of its own for {asked}."
 
 
 def kernels_call(
@@ -70,14 +101,18 @@ def kernels_call(
 @renders(KernelsView, "html")
 def kernels_view_html(view: KernelsView) -> str:
     """The first rows coloured by kind, more (up to :data:`STYLED_ROWS`) folded below, and
-    how many there are and how to get them all."""
+    how many there are and how to get them all. A row per operator and a column per key
+    when that fits a notebook's narrow pane; else, per operator, its keys grouped by kind."""
     frame = view.frame
-    shown = style_kinds(frame.head(SHOWN_ROWS)).to_html()
+    if frame.empty:
+        return styled(f"<div>{escape(view.empty)}</div>")
+    draw = _matrix_html if _fits_a_pane(frame) else _grouped_html
+    shown = draw(frame.head(SHOWN_ROWS))
     folded = frame.iloc[SHOWN_ROWS:STYLED_ROWS]
     if len(folded):
         shown += (
             f"<details><summary>rows {SHOWN_ROWS + 1}–{SHOWN_ROWS + len(folded)} of "
-            f"{len(frame):,}</summary>{style_kinds(folded).to_html()}</details>"
+            f"{len(frame):,}</summary>{draw(folded)}</details>"
         )
     if len(frame) > SHOWN_ROWS:
         shown += (
@@ -87,17 +122,77 @@ def kernels_view_html(view: KernelsView) -> str:
     return styled(shown)
 
 
+def _fits_a_pane(frame: pandas.DataFrame) -> bool:
+    """Whether the key columns of a wide frame leave a notebook's narrow pane
+    (:data:`NOTEBOOK_CHARS`) room for the operators' names (a long frame always fits: its
+    last column wraps)."""
+    if list(frame.columns) == KERNEL_LONG_COLUMNS:
+        return True
+    columns = [
+        max(len(str(column)), *(len(str(value)) for value in frame[column]))
+        for column in frame.columns
+    ]
+    return sum(width + 2 for width in columns) + _MIN_NAME <= NOTEBOOK_CHARS
+
+
+def _matrix_html(frame: pandas.DataFrame) -> str:
+    """The frame as pandas draws it, kinds coloured."""
+    return style_kinds(frame).to_html()
+
+
+def _grouped_html(frame: pandas.DataFrame) -> str:
+    """A wide frame as a table of its operators, each with its keys grouped by the kind
+    that serves them (coloured as the matrix colours it)."""
+    rows = []
+    for name, kinds in _by_kind(frame):
+        for number, (kind, keys) in enumerate(kinds.items()):
+            family = kind.split(":", 1)[0]
+            colours = (
+                f"background-color:{KIND_FILLS[family]};color:{KIND_COLOURS[family]}"
+                if family in KIND_FILLS
+                else ""
+            )
+            rows.append(
+                f"<tr><td>{escape(name) if number == 0 else ''}</td>"
+                f'<td style="{colours}">{escape(kind.replace("alias:", "via ", 1))}</td>'
+                f"<td>{escape(', '.join(keys))}</td></tr>"
+            )
+    return f"<table><tr><th>op</th><th>kind</th><th>keys</th></tr>{''.join(rows)}</table>"
+
+
+def _by_kind(frame: pandas.DataFrame) -> list[tuple[str, dict[str, list[str]]]]:
+    """Per operator of a wide frame, its keys grouped by the kind that serves them, the
+    operator's own kernels first, the keys without one last."""
+    keys = [str(column) for column in frame.columns]
+    order = list(KIND_COLOURS)  # kernel, alias, autograd, fallback, ..., missing
+
+    def rank(kind: str) -> int:
+        family = kind.split(":", 1)[0]
+        return order.index(family) if family in order else len(order)
+
+    grouped = []
+    for index, values in zip(frame.index, frame.itertuples(index=False), strict=True):
+        kinds: dict[str, list[str]] = {}
+        for key, value in zip(keys, values, strict=True):
+            kinds.setdefault(str(value), []).append(key)
+        grouped.append((_row_name(index), dict(sorted(kinds.items(), key=lambda k: rank(k[0])))))
+    return grouped
+
+
 @renders(KernelsView, "text")
 @renders(KernelsView, "pretty")
 def kernels_view_text(view: KernelsView) -> str:
     """The first :data:`SHOWN_ROWS` rows as text that fits the terminal, then a count and
     the command that shows them all."""
-    return frame_text(view.frame, SHOWN_ROWS, view.show_all)
+    return frame_text(view.frame, SHOWN_ROWS, view.show_all, view.empty)
 
 
-def frame_text(frame: pandas.DataFrame, limit: int | None, show_all: str) -> str:
+def frame_text(
+    frame: pandas.DataFrame, limit: int | None, show_all: str, empty: str = "No kernel matches."
+) -> str:
     """A kernels frame (long or wide) as left-aligned text fitting the terminal, its first
-    ``limit`` rows (``None``: all), then how many more and ``show_all``.
+    ``limit`` rows (``None``: all), then how many more and ``show_all``; ``empty`` when
+    there is no row.
 
     Long form: a heading per operator, then per kernel the keys it serves. Wide form:
     operators by keys when that fits the terminal, else a heading per operator and its
@@ -107,7 +202,7 @@ def frame_text(frame: pandas.DataFrame, limit: int | None, show_all: str) -> str
     long = list(frame.columns) == KERNEL_LONG_COLUMNS
     lines = _long_lines(shown) if long else _wide_lines(shown)
     lines += more_note(len(frame), len(shown), "rows", show_all)
-    return "\n".join(lines) if lines else "(no rows)"
+    return "\n".join(lines) if lines else "\n".join(fitted([empty]))
 
 
 def _long_lines(frame: pandas.DataFrame) -> list[str]:
@@ -152,10 +247,12 @@ def _wide_lines(frame: pandas.DataFrame) -> list[str]:
                 rows.append(f"{name.ljust(name_width)}  {cells_text}")
         return rows
     lines = []
-    for name, row in zip(names, cells, strict=True):
-        by_kind: dict[str, list[str]] = {}
-        for key, value in zip(keys, row, strict=True):
-            by_kind.setdefault(value.replace("alias:", "via ", 1), []).append(key)
+    for name, by_kind in _by_kind(frame):
         lines.append(name)
-        lines += fitted([f"  {', '.join(served)}: {kind}" for kind, served in by_kind.items()])
+        lines += fitted(
+            [
+                f"  {', '.join(served)}: {kind.replace('alias:', 'via ', 1)}"
+                for kind, served in by_kind.items()
+            ]
+        )
     return lines

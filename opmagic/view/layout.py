@@ -15,6 +15,10 @@ from collections.abc import Sequence
 from html import escape
 
 _MIN_LAST = 24  # a last column narrower than this moves to its own line
+# What an HTML view can take of a notebook's width, in characters of the stylesheet's 12 px
+# monospace (7.2 px each): JupyterLab's output pane is 592 px wide in a 1024x768 window with
+# the file browser open. A table cell's padding is two of them.
+NOTEBOOK_CHARS = 80
 
 
 def terminal_width() -> int:

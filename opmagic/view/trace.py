@@ -740,7 +740,9 @@ def trace_diagram(trace: Trace, max_calls: int = DIAGRAM_CALLS) -> Diagram:
     ``max_calls`` calls are drawn."""
     dot = graphviz.Digraph(
         "trace",
-        graph_attr={"rankdir": "LR", "ordering": "out", "fontname": "Helvetica", "fontsize": "11"},
+        # calls below the call that made them: siblings side by side, depth downwards (left
+        # to right, a deep trace was wider than a notebook)
+        graph_attr={"rankdir": "TB", "ordering": "out", "fontname": "Helvetica", "fontsize": "11"},
         node_attr={
             "shape": "box",
             "style": "rounded,filled",

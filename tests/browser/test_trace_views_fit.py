@@ -18,9 +18,7 @@ import torch
 import opmagic
 from opmagic.view.trace import EMPTY
 
-from .test_explorer_in_jupyterlab import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, sync_playwright
-
-__all__ = ["sync_playwright"]  # the fixture, shared with the JupyterLab test
+from .conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.slow
 
@@ -56,42 +54,41 @@ def _views() -> str:
     return "".join(f'<div class="output">{view}</div>' for view in views)
 
 
-def test_trace_views_fit_592_pixels(sync_playwright: Any, tmp_path: Path) -> None:
+def test_trace_views_fit_592_pixels(playwright: Any, tmp_path: Path) -> None:
     page_file = tmp_path / "trace.html"
     page_file.write_text(
         '<html><head><meta charset="utf-8"></head><body style="margin:0">'
         f'<div id="out" style="width:{WIDTH}px">{_views()}</div></body></html>',
         encoding="utf-8",
     )
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+    browser = playwright.chromium.launch(
+        executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+    )
+    try:
+        page = browser.new_page(viewport={"width": 800, "height": 900})
+        page.goto(page_file.as_uri())
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "trace-592.png"))
+        right = page.evaluate("document.getElementById('out').getBoundingClientRect().right")
+        rows = page.evaluate(
+            """() => [...document.querySelectorAll('.row')].map(row => {
+                const time = row.querySelector('.time').getBoundingClientRect();
+                return {right: time.right, width: time.width, text: row.textContent};
+            })"""
         )
-        try:
-            page = browser.new_page(viewport={"width": 800, "height": 900})
-            page.goto(page_file.as_uri())
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "trace-592.png"))
-            right = page.evaluate("document.getElementById('out').getBoundingClientRect().right")
-            rows = page.evaluate(
-                """() => [...document.querySelectorAll('.row')].map(row => {
-                    const time = row.querySelector('.time').getBoundingClientRect();
-                    return {right: time.right, width: time.width, text: row.textContent};
-                })"""
-            )
-            assert len(rows) > 100
-            cut = [row["text"] for row in rows if row["right"] > right + 0.5 or row["width"] == 0]
-            assert not cut, f"{len(cut)} rows have their time out of view: {cut[:3]}"
-            panes = page.evaluate(
-                """() => [...document.querySelectorAll('.calls-pane')].map(
-                    pane => pane.scrollWidth - pane.clientWidth)"""
-            )
-            assert panes and max(panes) <= 0  # nothing to scroll sideways
-            tables = page.evaluate(
-                """() => [...document.querySelectorAll('table.wraps')].map(
-                    table => table.getBoundingClientRect().right)"""
-            )
-            assert len(tables) == 2 and max(tables) <= right + 0.5  # surprises, comparison
-            assert page.get_by_text(EMPTY).count() == 1
-        finally:
-            browser.close()
+        assert len(rows) > 100
+        cut = [row["text"] for row in rows if row["right"] > right + 0.5 or row["width"] == 0]
+        assert not cut, f"{len(cut)} rows have their time out of view: {cut[:3]}"
+        panes = page.evaluate(
+            """() => [...document.querySelectorAll('.calls-pane')].map(
+                pane => pane.scrollWidth - pane.clientWidth)"""
+        )
+        assert panes and max(panes) <= 0  # nothing to scroll sideways
+        tables = page.evaluate(
+            """() => [...document.querySelectorAll('table.wraps')].map(
+                table => table.getBoundingClientRect().right)"""
+        )
+        assert len(tables) == 2 and max(tables) <= right + 0.5  # surprises, comparison
+        assert page.get_by_text(EMPTY).count() == 1
+    finally:
+        browser.close()

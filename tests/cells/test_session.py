@@ -757,3 +757,26 @@ def test_a_cell_may_not_redefine_an_op_of_a_torch_library_cell_and_is_told_why(
     )
     assert "Tried to register an operator (t_owned_cpp::twice(Tensor x) -> Tensor)" in str(error)
     assert torch.ops.t_owned_cpp.twice(torch.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_the_session_listing_leaves_out_a_library_whose_ops_a_later_cell_replaced(
+    cells: Cells,
+) -> None:
+    """A custom op defined again in a new cell: the first cell's Library (still alive)
+    holds nothing now, and the replacement is one note for the operator."""
+    cube = '@torch.library.custom_op("t_listing::cube", mutates_args=())\n'
+    first = cells.run(cube + "def cube(x: Tensor) -> Tensor:\n    return x ** 3", "first")
+    second = cells.run(cube + "def cube(x: Tensor) -> Tensor:\n    return x * x * x", "2nd")
+    cells.run(cube + "def cube(x: Tensor) -> Tensor:\n    return x.pow(3)", "third")
+    cells.run('lib = torch.library.Library("t_listing", "FRAGMENT")', "empty")
+    report = cells.shell.run_line_magic("opmagic", "session")
+    listed = [cell.label for cell in report.cells]
+    assert f"[{first.execution_count}]" not in listed  # its Library holds nothing any more
+    assert f"[{second.execution_count}]" not in listed  # nor does the cell, only its notes
+    (notes,) = [cell.notes for cell in report.cells if cell.notes]
+    assert notes == (
+        f"replaced cell [{second.execution_count}]'s Meta kernel, fake impl, Autograd kernel, "
+        "CompositeExplicitAutograd kernel for t_listing::cube",
+    )
+    (unused,) = [cell.items for cell in report.cells if "Library" in str(cell.items)]
+    assert unused == (("Library('t_listing', 'FRAGMENT')", ""),)  # made, never used: listed

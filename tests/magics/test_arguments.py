@@ -11,11 +11,11 @@ from IPython.core.error import UsageError
 
 from opmagic import CallContext
 from opmagic.magics.arguments import (
-    BUILD_OPTIONS,
     CONTEXT_OPTIONS,
     KERNELS_OPTIONS,
     add_options,
     build_keywords,
+    build_options,
     call_context,
     evaluate,
     given_build_options,
@@ -57,7 +57,7 @@ def test_context_options_make_the_call_context() -> None:
 
 def test_build_options_become_compile_library_keywords() -> None:
     parser = argparse.ArgumentParser()
-    add_options(parser, BUILD_OPTIONS)
+    add_options(parser, build_options())
     defaults = parser.parse_args([])
     assert given_build_options(defaults) == []
     options = parser.parse_args(["-n", "lib", "-O", "3", "-I", "/x", "--cflags=-DA=1", "-f"])

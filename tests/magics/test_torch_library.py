@@ -21,6 +21,7 @@ from opmagic.magics.torch_library import TorchLibraryMagics
 from opmagic.native import LoadedLibrary, compile_library, precompile_headers
 from opmagic.native.headers import precompile_headers_in_background
 
+from ..conftest import stop_background_precompiles
 from ..native.sources import MINIMAL_INCLUDES, op_source, reload_variant, stable_op_source
 
 
@@ -287,3 +288,17 @@ def test_load_ext_starts_precompiling_the_headers_of_the_first_cells(tmp_path, m
         assert library.build.precompiled and library.build.headers_seconds == 0
     finally:
         library.close()
+
+
+@pytest.mark.slow
+def test_the_test_run_ends_the_background_precompiles_it_started(tmp_path, monkeypatch):
+    """What the session-end fixture does (tests/conftest.py): the precompile ``%load_ext``
+    starts outlives the process that started it, until the run ends it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    precompile_headers_in_background()
+    pids = {int(marker.read_text()) for marker in tmp_path.glob("**/precompiling.pid")}
+    assert pids
+    assert set(stop_background_precompiles(tmp_path)) == pids
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)  # the shell and the compiler it ran

@@ -50,8 +50,6 @@ def test_a_compile_error_points_at_the_line_and_keeps_the_previous_version(loade
     html = error._repr_html_()
     assert "<details>" in html and "#ffebee" in html  # highlighted line, collapsed log
     assert error._render_traceback_() == [f"CompileError: {message}"]
-    error.displayed = True  # a notebook showed the formatted error: no second traceback
-    assert error._render_traceback_() == []
     assert not good.closed and torch.ops.err_compile.scale(torch.ones(1)).item() == 2.0
 
 

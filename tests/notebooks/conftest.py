@@ -37,14 +37,20 @@ def run_notebook(
     def run(name: str) -> nbformat.NotebookNode:
         if name not in done:
             notebook = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
-            pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-            JupyterLabClient(
-                notebook,
-                kernel_name="python3",
-                timeout=_TIMEOUT_S,
-                resources={"metadata": {"path": str(tmp_path_factory.mktemp(name))}},
-            ).execute(env={**os.environ, "PYTHONPATH": pythonpath})
+            execute(notebook, tmp_path_factory.mktemp(name))
             done[name] = notebook
         return done[name]
 
     return run
+
+
+def execute(notebook: nbformat.NotebookNode, directory: Path) -> None:
+    """Run every cell of ``notebook`` (in place) in a fresh ``python3`` kernel started in
+    ``directory``, with this checkout on ``PYTHONPATH``, as JupyterLab sends the cells."""
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    JupyterLabClient(
+        notebook,
+        kernel_name="python3",
+        timeout=_TIMEOUT_S,
+        resources={"metadata": {"path": str(directory)}},
+    ).execute(env={**os.environ, "PYTHONPATH": pythonpath})

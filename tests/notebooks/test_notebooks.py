@@ -9,6 +9,7 @@ import pytest
 
 from .conftest import NOTEBOOKS
 
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_committed_without_outputs(path: Path) -> None:
     notebook = json.loads(path.read_text())  # the file as committed (nbformat 4)

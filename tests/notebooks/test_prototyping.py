@@ -49,7 +49,7 @@ def test_each_version_is_compared_as_its_cell_runs(executed) -> None:
     assert any(
         t.startswith("proto_py::silu vs F.silu (cpu): all 8 cases pass") for t in _texts(python)
     )
-    buggy, fixed = _outputs(executed, "%%torch_library")
+    buggy, _typo, fixed = _outputs(executed, "%%torch_library")
     buggy_text = next(t for t in _texts(buggy) if t.startswith("proto_cpp::silu vs F.silu"))
     assert buggy_text.startswith(
         "proto_cpp::silu vs F.silu (cpu): 0 of 4 cases pass; 4 FAIL (values)"
@@ -65,6 +65,18 @@ def test_each_version_is_compared_as_its_cell_runs(executed) -> None:
         t.startswith("proto_cpp::silu vs F.silu (cpu): all 4 cases pass") for t in _texts(fixed)
     )
     assert any(t.startswith("compare: 4 cases in ") for t in _texts(fixed))  # the progress bar
+
+
+def test_a_compile_error_is_its_cell_s_one_output_at_the_cell_line(executed) -> None:
+    """Shown once: the formatted error replaces the build's progress, and no ``error``
+    output repeats it (JupyterLab would draw that as a second block)."""
+    _buggy, typo, _fixed = _outputs(executed, "%%torch_library")
+    (shown,) = typo
+    assert shown.output_type == "display_data"
+    text = shown.data["text/plain"]
+    assert text.startswith("libproto_cpp.so: compile error at cell [")
+    assert "line 13:" in text.splitlines()[0] and "expected ';'" in text
+    assert "<details>" in shown.data["text/html"]  # the compiler's log, folded
 
 
 def test_the_cuda_comparison_runs_on_a_gpu_and_skips_without_one(executed) -> None:

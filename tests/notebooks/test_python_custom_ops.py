@@ -14,7 +14,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow  # runs a notebook in a kernel
 
 
-
 @pytest.fixture(scope="module")
 def executed(run_notebook) -> nbformat.NotebookNode:
     """The notebook after running every cell in a fresh kernel."""

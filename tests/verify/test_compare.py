@@ -20,6 +20,7 @@ from torch.utils import benchmark
 import opmagic
 from opmagic.errors import CompareError
 from opmagic.verify.compare import (
+    CaseResult,
     Comparison,
     SweepProgress,
     callable_name,
@@ -123,7 +124,8 @@ def test_tolerances_given_replace_torchs_defaults(ops) -> None:
         (
             "nan_add",
             "FAIL: NaN",
-            "1 of 64 elements are NaN where the reference is not (first at index (3,))",
+            "1 of 64 elements are NaN where the reference is not (first at index (3,)); new "
+            "tensors start as NaN, so these may be elements the candidate never wrote",
         ),
     ],
 )
@@ -162,6 +164,74 @@ def test_in_place_kernels_are_judged_by_their_arguments_afterwards() -> None:
     row = run(wrong_in_place, torch.Tensor.add_, sizes=[16]).rows[0]
     kinds = [(m.kind, m.where) for m in row.mismatches]
     assert ("values", "argument 0 after the call") in kinds
+
+
+def test_an_output_element_the_candidate_never_writes_fails() -> None:
+    """New tensors start as NaN in the candidate's call, so the half it forgets cannot pass
+    with what the allocator handed back (on a GPU, often the reference's freed result)."""
+
+    def forgets_the_second_half(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        half = x.numel() // 2
+        out[:half] = x[:half] + y[:half]
+        return out
+
+    def counts(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape, dtype=torch.int64)
+        out[1:] = 7
+        return out
+
+    row = run(forgets_the_second_half, torch.add, sizes=[64]).rows[0]
+    (mismatch,) = row.mismatches
+    assert (row.verdict, mismatch.kind) == ("FAIL: NaN", "NaN")
+    assert mismatch.detail.startswith("32 of 64 elements are NaN where the reference is not")
+    assert "never wrote" in mismatch.detail
+    ints = run(counts, lambda x, y: torch.full(x.shape, 7), sizes=[8]).rows[0]
+    assert ints.verdict == "FAIL: values"  # int64's largest value where nothing was written
+    assert not torch.are_deterministic_algorithms_enabled()  # the setting is restored
+
+
+def test_a_candidate_that_changes_an_argument_fails_as_a_mutation() -> None:
+    def clobbers_x(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = x + y
+        x.zero_()  # right result, but the caller's x is gone
+        return out
+
+    row = run(clobbers_x, torch.add, sizes=[16]).rows[0]
+    assert row.verdict == "FAIL: mutation"
+    (mismatch,) = row.mismatches
+    assert mismatch.where == "argument 0" and "the reference does not" in mismatch.detail
+    assert row.timing is not None and row.reference_time is not None  # still timed
+    assert run(torch.add, torch.add, sizes=[16]).passed  # an argument left alone is no finding
+
+
+def test_noisy_timings_and_suspect_speedups_are_said() -> None:
+    """A case whose runs spread over 10% of the median (torch.utils.benchmark's threshold) or
+    that ran fewer than three times is marked; a speedup above 10x is doubted."""
+    from torch.utils.benchmark.utils.common import TaskSpec
+
+    def measurement(*times: float) -> benchmark.Measurement:
+        return benchmark.Measurement(1, list(times), TaskSpec("run()", "pass"))
+
+    steady, noisy = measurement(1e-3, 1e-3, 1.01e-3, 1e-3), measurement(1e-3, 2e-3, 1e-3, 3e-3)
+    rows = [
+        CaseResult(64, "float32", "cpu", "", (), 0, 0, steady, steady, None, None, 8),
+        CaseResult(128, "float32", "cpu", "", (), 0, 0, noisy, steady, None, None, 8),
+        CaseResult(256, "float32", "cpu", "", (), 0, 0, measurement(1e-3), steady, None, None, 8),
+    ]
+    assert rows[0].noise is None and rows[0].spread < 0.1
+    assert rows[1].noise == "the interquartile range is 83% of the median"  # 1.25 ms of 1.5
+    assert rows[2].noise == "only 1 run measured"
+    comparison = Comparison("fast", "slow", tuple(rows), 3, False, "torch's defaults")
+    (noise,) = comparison.warnings
+    assert noise.startswith("The 2 cases' timings are noise (float32 cpu, size 128: the")
+
+    def loop_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # a Python loop
+        return torch.stack([a + b for a, b in zip(x, y, strict=True)])
+
+    result = run(torch.add, loop_add, sizes=[512])
+    assert result.rows[0].speedup > 10
+    assert any(w.startswith("A speedup of ") for w in result.warnings)
 
 
 def test_a_list_of_argument_tuples_is_used_as_given(ops) -> None:

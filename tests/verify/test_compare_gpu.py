@@ -57,3 +57,25 @@ def test_timings_on_the_gpu_are_benchmark_measurements() -> None:
     (row,) = result.rows
     assert row.device == "cuda:0" and row.status == "pass"
     assert isinstance(row.timing, benchmark.Measurement)
+
+
+def test_on_the_gpu_an_output_left_unwritten_fails_though_the_allocator_recycles() -> None:
+    """CUDA's caching allocator hands the block the kernel's scratch result just freed to
+    the output it allocates next: without NaN-filled new memory, an output never written
+    would hold the right values and pass."""
+
+    def forgets_to_copy(x: torch.Tensor) -> torch.Tensor:
+        scratch = torch.sin(x)  # the result, computed where it is not returned
+        del scratch
+        return torch.empty_like(x)  # the same block, back from the cache: never written
+
+    (row,) = compare(
+        forgets_to_copy,
+        torch.sin,
+        lambda n, d, dev: torch.randn(n, device=dev),
+        sizes=[1 << 20],
+        min_run_time=0.01,
+        progress=False,
+    ).rows
+    assert row.verdict == "FAIL: NaN", row.mismatches
+    assert "never wrote" in row.mismatches[0].detail

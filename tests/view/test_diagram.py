@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import graphviz
 import pytest
 
 from opmagic import OpmagicError
@@ -117,3 +120,26 @@ def test_the_environment_can_choose_the_renderer(monkeypatch: pytest.MonkeyPatch
 def test_unknown_renderer_is_rejected() -> None:
     with pytest.raises(ValueError, match="renderer must be one of"):
         render_svg(SMALL, "neato")
+
+
+def _width_px(svg: str) -> float:
+    """The drawing's width in CSS px (Graphviz writes points; a browser draws 96 px/inch)."""
+    return float(re.search(r'<svg width="([\d.]+)pt"', svg)[1]) * 96 / 72
+
+
+@pytest.mark.parametrize("renderer", renderers())
+def test_a_diagram_wider_than_a_notebook_pane_is_scaled_down_to_it(renderer: str) -> None:
+    """592 px: JupyterLab's output pane in a 1024x768 window with the file browser open (a
+    trace's call graph was 1,605 px). A narrow diagram keeps its size, a size the graph sets
+    itself is kept."""
+    wide = graphviz.Digraph(graph_attr={"rankdir": "LR"})
+    for number in range(12):
+        wide.edge(f"call number {number}", f"call number {number + 1}")
+    drawing = diagram.Diagram(wide, "")
+    assert 500 < _width_px(drawing.svg(renderer)) <= 592
+    narrow = graphviz.Digraph()
+    narrow.edge("a", "b")
+    assert _width_px(diagram.Diagram(narrow, "").svg(renderer)) < 100
+    wide.attr(size="40")  # the user's own size
+    assert _width_px(drawing.svg(renderer)) > 1000
+    assert "size" not in narrow.graph_attr  # drawing did not change the graph

@@ -1,11 +1,20 @@
 """One case of a sweep: run the reference and the candidate on fresh copies of its
 arguments, compare their results (the arguments afterwards too, for in-place kernels, and with
-``backward=True`` the gradients), then time both."""
+``backward=True`` the gradients), then time both.
+
+The candidate runs with every tensor it allocates filled with NaN (or an integer type's
+largest value) at first, as ``torch.use_deterministic_algorithms`` fills new memory: an output
+element it never writes then differs from the reference's, instead of passing with whatever
+the allocator handed back (often the reference's own result, freed a moment before). An
+argument the candidate changes while the reference leaves it as it was is a ``mutation``.
+Each function is timed on arguments of its own, so that one's writes cannot slow the other.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -77,20 +86,15 @@ def run_case(
         with contextlib.suppress(UnkeptValue):  # copies now: timing may change the arguments
             kept.append(kept_sample(CheckSample(args, {}, expected, reference_args)))
     try:
-        actual = candidate(*candidate_args)
-        synchronize(device)
+        with new_memory_filled():
+            actual = candidate(*candidate_args)
+            synchronize(device)
     except Exception as error:
         return result(
             [Mismatch("error", "candidate", first_line(error))], no_errors, no_timings, None
         )
     mismatches, errors = compare_results(actual, expected, "output", rtol, atol)
-    for index, (after, reference_after) in enumerate(
-        zip(candidate_args, reference_args, strict=True)
-    ):  # in-place kernels: the arguments afterwards are results too
-        if isinstance(reference_after, torch.Tensor):
-            mismatches += compare_results(
-                after, reference_after, f"argument {index} after the call", rtol, atol
-            )[0]
+    mismatches += _arguments_afterwards(args, candidate_args, reference_args, rtol, atol)
     grad_outputs = None  # with backward=True: the same output gradients for both
     if backward and not any(m.kind in ("structure", "shape") for m in mismatches):
         grad_outputs = [torch.randn_like(t) for t in differentiable(expected)]
@@ -98,10 +102,11 @@ def run_case(
         if any(m.kind == "error" for m in mismatches):
             grad_outputs = None  # a backward that raises is not timed
     size = sum(_nbytes(t) for t in [*tensors, *tensor_leaves(expected)])
+    candidate_args, reference_args = _fresh(args), _fresh(args)  # each times on its own
     try:
         timings: _Timings = (
-            measure(lambda: candidate(*args), device, min_run_time),
-            measure(lambda: reference(*args), device, min_run_time),
+            measure(lambda: candidate(*candidate_args), device, min_run_time),
+            measure(lambda: reference(*reference_args), device, min_run_time),
             _measure_backward(candidate, args, grad_outputs, device, min_run_time),
             _measure_backward(reference, args, grad_outputs, device, min_run_time),
         )
@@ -119,6 +124,74 @@ def _case_bytes(args: tuple, expected: Any) -> int:
 def _fresh(args: tuple) -> tuple:
     """Copies of the tensor arguments (same strides), so in-place kernels change neither."""
     return tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@contextlib.contextmanager
+def new_memory_filled() -> Iterator[None]:
+    """Tensors allocated inside start as NaN (integers: their largest value): torch's
+    ``fill_uninitialized_memory`` under ``use_deterministic_algorithms``, in its warn-only
+    form (an op without a deterministic kernel still runs, its warning dropped). The
+    settings are restored after."""
+    fill = torch.utils.deterministic
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        fill.fill_uninitialized_memory,
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        fill.fill_uninitialized_memory = True
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+            fill.fill_uninitialized_memory = before[2]
+
+
+def _arguments_afterwards(
+    args: tuple,
+    candidate_args: tuple,
+    reference_args: tuple,
+    rtol: float | None,
+    atol: float | None,
+) -> list[Mismatch]:
+    """The tensor arguments after both calls: one the reference changes (an in-place kernel)
+    is a result to compare; one only the candidate changes is a ``mutation``."""
+    mismatches = []
+    for index, (before, after, reference_after) in enumerate(
+        zip(args, candidate_args, reference_args, strict=True)
+    ):
+        if not isinstance(reference_after, torch.Tensor):
+            continue
+        if _unchanged(before, reference_after) and not _unchanged(before, after):
+            detail = (
+                "the candidate changed it and the reference does not: a kernel writes only its "
+                "outputs (and the arguments its schema marks as mutated)"
+            )
+            mismatches.append(Mismatch("mutation", f"argument {index}", detail))
+        else:
+            where = f"argument {index} after the call"
+            mismatches += compare_results(after, reference_after, where, rtol, atol)[0]
+    return mismatches
+
+
+def _unchanged(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Whether a tensor argument is as it was: the same shape, strides and bits (NaNs too)."""
+    return (
+        before.shape == after.shape
+        and before.stride() == after.stride()
+        and before.dtype == after.dtype
+        and bool(torch.equal(before, after) or _same_nans(before, after))
+    )
+
+
+def _same_nans(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Whether two floating-point tensors differ only where both are NaN."""
+    if not (before.is_floating_point() or before.is_complex()):
+        return False
+    both_nan = torch.isnan(before) & torch.isnan(after)
+    return bool(torch.equal(before[~both_nan], after[~both_nan]))
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -162,7 +235,8 @@ def _compare_gradients(
     """The gradients of both for the same output gradients, compared argument by argument."""
     expected = _gradients(reference, args, grad_outputs)  # a failing reference is the user's
     try:
-        actual = _gradients(candidate, args, grad_outputs)
+        with new_memory_filled():
+            actual = _gradients(candidate, args, grad_outputs)
     except Exception as error:
         return [Mismatch("error", "backward of the candidate", first_line(error))]
     positions = [

@@ -143,6 +143,10 @@ def _significant_strides(tensor: torch.Tensor) -> tuple[int | None, ...]:
     return tuple(s if n > 1 else None for n, s in zip(tensor.shape, tensor.stride(), strict=True))
 
 
+# the candidate runs with new tensors filled with NaN (see case.py)
+_UNWRITTEN = "; new tensors start as NaN, so these may be elements the candidate never wrote"
+
+
 def _nan_mismatches(
     actual: torch.Tensor, expected: torch.Tensor, where: str
 ) -> tuple[torch.Tensor, list[Mismatch]]:
@@ -150,15 +154,15 @@ def _nan_mismatches(
     returns ``actual`` with those elements set to the reference's, for the value check."""
     actual_nan, expected_nan = torch.isnan(actual), torch.isnan(expected)
     mismatches = []
-    for mask, what in (
-        (actual_nan & ~expected_nan, "NaN where the reference is not"),
-        (expected_nan & ~actual_nan, "numbers where the reference is NaN"),
+    for mask, what, why in (
+        (actual_nan & ~expected_nan, "NaN where the reference is not", _UNWRITTEN),
+        (expected_nan & ~actual_nan, "numbers where the reference is NaN", ""),
     ):
         count = int(mask.sum())
         if count:
             first = tuple(int(i) for i in torch.nonzero(mask)[0])
             detail = f"{count} of {mask.numel()} elements are {what} (first at index {first})"
-            mismatches.append(Mismatch("NaN", where, detail))
+            mismatches.append(Mismatch("NaN", where, detail + why))
     if mismatches:
         actual = torch.where(actual_nan != expected_nan, expected.to(actual.dtype), actual)
     return actual, mismatches

@@ -13,9 +13,17 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from torch.utils.benchmark import Measurement
 
+# torch.utils.benchmark's own thresholds: an interquartile range this large against the median
+# makes Measurement warn of "system fluctuation"; so few blocks make the range meaningless
+NOISY_SPREAD = 0.1
+FEW_RUNS = 3
+# a speedup this large usually means the candidate does less work than the reference
+SUSPECT_SPEEDUP = 10.0
+
 # the kinds of mismatch a case can have, in the order they are looked for
 MISMATCH_KINDS = (
     "error",
+    "mutation",  # the candidate changed an argument the reference leaves as it was
     "structure",
     "type",
     "shape",
@@ -102,6 +110,29 @@ class CaseResult:
         return timing.median if timing is not None else None
 
     @property
+    def spread(self) -> float | None:
+        """The larger of the two timings' interquartile ranges, as a share of its median
+        (``0.04``: the middle half of the runs lies within 4% of the median); None: untimed."""
+        shares = [
+            timing.iqr / timing.median
+            for timing in (self.timing, self.reference_timing)
+            if timing is not None and timing.median > 0
+        ]
+        return max(shares) if shares else None
+
+    @property
+    def noise(self) -> str | None:
+        """Why the timings of this case are unreliable (a range of :data:`NOISY_SPREAD` of the
+        median or more, or under :data:`FEW_RUNS` runs measured), or None."""
+        timings = [t for t in (self.timing, self.reference_timing) if t is not None]
+        few = min((len(t.times) for t in timings), default=FEW_RUNS)
+        if few < FEW_RUNS:
+            return f"only {few} run{'s' if few != 1 else ''} measured"
+        if self.spread is not None and self.spread >= NOISY_SPREAD:
+            return f"the interquartile range is {self.spread:.0%} of the median"
+        return None
+
+    @property
     def speedup(self) -> float | None:
         """Reference time / candidate time: above 1 the candidate is faster."""
         if self.time is None or self.reference_time is None or self.time <= 0:
@@ -172,6 +203,29 @@ class Comparison(Displayable):
                 named = f" ({', '.join(kinds)})" if kinds and status == "FAIL" else ""
                 parts.append(f"{len(failing)} {status}{named}")
         return "; ".join(parts) or "no case ran"
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What makes the timings doubtful, a sentence each: noisy cases, and speedups above
+        :data:`SUSPECT_SPEEDUP` (more often a candidate that does less than a fast one)."""
+        notes = []
+        noisy = [row for row in self.rows if row.noise is not None]
+        if noisy:
+            cases = "case's" if len(noisy) == 1 else f"{len(noisy)} cases'"
+            notes.append(
+                f"The {cases} timings are noise ({noisy[0].label}: {noisy[0].noise}): measure "
+                "again on an idle machine, or longer (min_run_time)."
+            )
+        fast = [row for row in self.rows if (row.speedup or 0) > SUSPECT_SPEEDUP]
+        if fast:
+            best = max(fast, key=lambda row: row.speedup or 0)
+            notes.append(
+                f"A speedup of {best.speedup:.0f}x ({best.label}) is more often a candidate "
+                "that does less than the reference (an output it does not write, a result kept "
+                "from the last call, work left running on the device) than a fast one: check "
+                "it before you trust it."
+            )
+        return tuple(notes)
 
     def frame(self) -> pandas.DataFrame:
         """A DataFrame with a row per case (times in µs, bandwidths in GB/s)."""

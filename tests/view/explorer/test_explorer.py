@@ -6,6 +6,7 @@ from html import unescape
 
 import pytest
 import torch
+from IPython.utils.capture import capture_output
 
 import opmagic
 from opmagic.verify.samples import BATCH
@@ -340,3 +341,24 @@ def test_the_show_all_toggle_draws_every_key() -> None:
     explorer.show_all.value = True
     assert len(svg_facts(explorer.path_view.value).nodes) > before
     assert "PythonDispatcher" in svg_facts(explorer.table_view.value).all_text
+
+
+def test_in_a_notebook_a_placeholder_shows_at_once_and_goes(ipython, monkeypatch) -> None:
+    """Opening takes seconds the first time in a kernel: a line says so before any of it,
+    and is emptied when the explorer is ready (the widget is the cell's result)."""
+    monkeypatch.setattr(ipython, "kernel", object(), raising=False)  # as in ipykernel's shell
+    shown: list[str] = []
+    opening = Explorer.__init__
+
+    def opens(self, op=None) -> None:  # what was on screen while the explorer was made
+        shown.extend(o.data.get("text/plain", "") for o in captured.outputs)
+        opening(self, op)
+
+    monkeypatch.setattr(Explorer, "__init__", opens)
+    with capture_output() as captured:
+        explorer = opmagic.explore("aten::mul")
+    assert isinstance(explorer, Explorer)
+    assert shown == ["opening the dispatch explorer of aten::mul… (the first one in a kernel "
+                     "takes seconds)"]  # fmt: skip
+    _placeholder, emptied = captured.outputs
+    assert emptied.update and emptied.data == {}
