@@ -17,6 +17,7 @@ from pathlib import Path
 from ..dispatch.ops import is_identifier
 from ..errors import BuildOptionError
 from .blocks import scan_blocks
+from .flag_rules import refuse_writing_flags
 
 OPT_LEVELS = ("0", "1", "2", "3", "s", "g")
 DEFAULT_OPT_LEVEL = "1"  # builds ~25% faster than -O2; ask for 2 or 3 to time kernels
@@ -24,17 +25,8 @@ DEFAULT_NAME = "opmagic_library"
 MAX_NAME_LENGTH = 100  # the name is part of file names (lib<name>.so, <name>.cpp, memfd names)
 # flags whose next argument is a path (made absolute: compiles run in a scratch directory)
 PATH_FLAGS = ("-I", "-L", "-include", "-imacros", "-isystem", "-iquote", "-idirafter")
-# flags that stop the compiler before it writes the object a build links, or redirect it
-OUTPUT_FLAGS = {
-    "-E": "it only preprocesses",
-    "-S": "it stops at assembly",
-    "-fsyntax-only": "it only checks the syntax and writes no object file",
-    "-c": "opmagic compiles and links in separate steps",
-    "-o": "opmagic names the files it writes",
-    "--help": "it prints help instead of compiling",
-    "--version": "it prints the version instead of compiling",
-    "-###": "it prints the commands instead of running them",
-}
+# flags with the path joined to them: -I., -L../lib, response files @flags.txt, -Wl,@link.txt
+JOINED_PATH_FLAGS = ("-I", "-L", "@", "-Wl,@")
 
 
 @dataclass(frozen=True)
@@ -78,8 +70,7 @@ class BuildOptions:
         language = "CUDA C++" if cuda else "C++"
         if not isinstance(source, str):
             raise BuildOptionError(
-                f"The source must be {language} source text (a str), got "
-                f"{type(source).__name__}."
+                f"The source must be {language} source text (a str), got {type(source).__name__}."
             )
         if not source.strip():
             raise BuildOptionError(
@@ -88,12 +79,10 @@ class BuildOptions:
             )
         source = source.rstrip() + "\n"
         name = _library_name(name, source)
-        cflags, defines = _split_defines(
-            _absolute_paths(split_flags(extra_cflags, "extra_cflags"))
-        )
+        cflags, defines = _split_defines(_absolute_paths(split_flags(extra_cflags, "extra_cflags")))
         ldflags = _absolute_paths(split_flags(extra_ldflags, "extra_ldflags"))
-        _refuse_output_flags(cflags, "extra_cflags")
-        _refuse_output_flags(ldflags, "extra_ldflags")
+        refuse_writing_flags(cflags, "extra_cflags")
+        refuse_writing_flags(ldflags, "extra_ldflags")
         includes = tuple(str(Path(d).expanduser().absolute()) for d in include_paths(include_dirs))
         missing = [d for d in includes if not os.path.isdir(d)]
         if missing:
@@ -173,9 +162,7 @@ def include_paths(directories: Sequence[str | os.PathLike] | str | os.PathLike) 
     if isinstance(directories, (str, os.PathLike)):
         directories = [directories]
     if isinstance(directories, (bytes, bytearray)) or not isinstance(directories, Iterable):
-        raise BuildOptionError(
-            f"include_dirs must be a list of directories, got {directories!r}."
-        )
+        raise BuildOptionError(f"include_dirs must be a list of directories, got {directories!r}.")
     paths = []
     for directory in directories:
         if not isinstance(directory, (str, os.PathLike)) or isinstance(directory, bytes):
@@ -188,7 +175,8 @@ def include_paths(directories: Sequence[str | os.PathLike] | str | os.PathLike) 
 
 def _absolute_paths(flags: tuple[str, ...]) -> tuple[str, ...]:
     """Path arguments of flags made absolute: the compiler runs in a scratch directory, so
-    ``-I.`` or ``-include config.h`` must mean the user's working directory, not that one."""
+    ``-I.``, ``-include config.h`` or a response file ``@flags.txt`` (``-Wl,@link.txt``)
+    must mean the user's working directory, not that one."""
     absolute: list[str] = []
     pending = False
     for flag in flags:
@@ -199,27 +187,16 @@ def _absolute_paths(flags: tuple[str, ...]) -> tuple[str, ...]:
             absolute.append(flag)
             pending = True
         else:
-            joined = next((p for p in ("-I", "-L") if flag.startswith(p) and len(flag) > 2), None)
-            absolute.append(joined + _absolute(flag[2:]) if joined else flag)
+            joined = next(
+                (p for p in JOINED_PATH_FLAGS if flag.startswith(p) and len(flag) > len(p)), None
+            )
+            absolute.append(joined + _absolute(flag[len(joined) :]) if joined else flag)
     return tuple(absolute)
 
 
 def _absolute(path: str) -> str:
     """``path`` from the working directory, unless already absolute (or empty)."""
     return os.path.abspath(os.path.expanduser(path)) if path else path
-
-
-def _refuse_output_flags(flags: tuple[str, ...], what: str) -> None:
-    """Flags that change what the compiler writes (or stop it early) break the build."""
-    for flag in flags:
-        reason = OUTPUT_FLAGS.get(flag) or (
-            "opmagic writes the dependency file itself" if flag.startswith("-M") else None
-        )
-        if reason is not None:
-            raise BuildOptionError(
-                f"{what} has {flag}, which a build cannot use: {reason}. Leave it out (opmagic "
-                "compiles, links and loads the library itself)."
-            )
 
 
 def _split_defines(flags: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
