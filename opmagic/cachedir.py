@@ -45,6 +45,8 @@ from typing import Any, Generic, TypeVar
 
 from .errors import CacheDirectoryError, CacheFullError, LoadError, OpmagicError
 
+T = TypeVar("T")
+
 LAYOUT_VERSION = "v1"  # bump when the layout or the meaning of a key changes
 LOCK_POLL_SECONDS = 0.1
 TICK_SECONDS = 0.25  # how often a running build reports its progress
@@ -321,6 +323,16 @@ def read_record(directory: Path, name: str) -> tuple[dict[str, Any] | None, str]
     return record, ""
 
 
+def read_json_file(path: Path, kind: type[T]) -> T | None:
+    """The JSON value of the file at ``path`` when it is a ``kind`` (``dict``, ``list``), else
+    None: missing, unreadable, not JSON or another shape (callers treat it as missing)."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, kind) else None
+
+
 def file_digest(path: Path) -> str:
     """The SHA-256 of a file's content, hex."""
     sha256 = hashlib.sha256()
@@ -559,9 +571,6 @@ class Stopwatch:
         finally:
             done.set()
             ticker.join()
-
-
-T = TypeVar("T")
 
 
 class BackgroundBuild(abc.ABC, Generic[T]):

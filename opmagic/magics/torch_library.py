@@ -78,7 +78,7 @@ def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]
             progress.show(error)
             error.displayed = True
         raise
-    library = dataclasses.replace(library, notes=tuple(session.displaced()))
+    library = dataclasses.replace(library, notes=(*library.notes, *session.displaced()))
     return session.track(library, library.description, identity)
 
 
