@@ -370,7 +370,7 @@ def artifact_problem(path: Path, record: Any, *, rehash: bool) -> str | None:
         return f"{path.name} is not a regular file of yours"
     if info.st_size != record["size"]:
         return f"{path.name} is {info.st_size} bytes, {record['size']} when it was built"
-    if not rehash and record.get("stat") == _fingerprint(info):
+    if not rehash and record.get("stat") == stat_fingerprint(info):
         return None
     if file_digest(path) != record["sha256"]:
         return f"{path.name} is not the file that was built (its SHA-256 differs)"
@@ -431,12 +431,26 @@ def _fresh_name(fd: int) -> str:
 
 def fingerprint(path: Path) -> list[int]:
     """What changes whenever a file is written or replaced (its content, not its name)."""
-    return _fingerprint(os.stat(path))
+    return stat_fingerprint(os.stat(path))
 
 
-def _fingerprint(info: os.stat_result) -> list[int]:
-    """:func:`fingerprint` of a stat result."""
+def stat_fingerprint(info: os.stat_result) -> list[int]:
+    """:func:`fingerprint` of a stat result: device, inode, mtime and ctime (which nobody but
+    root can set back: ``cp -p`` or ``touch -d`` restore the mtime, never the ctime)."""
     return [info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns]
+
+
+_DIGESTS: dict[tuple[int, ...], str] = {}  # (size, *fingerprint) -> SHA-256, this process
+
+
+def content_digest(path: str | Path, info: os.stat_result) -> str:
+    """The SHA-256 of the file at ``path``, whose stat is ``info``: hashed once per process
+    per file identity (size and fingerprint; any write changes them)."""
+    identity = (info.st_size, *stat_fingerprint(info))
+    digest_ = _DIGESTS.get(identity)
+    if digest_ is None:
+        digest_ = _DIGESTS[identity] = file_digest(Path(path))
+    return digest_
 
 
 def disk_full(detail: str) -> CacheFullError:

@@ -14,7 +14,7 @@ nvcc's ``--options-file``), read as the tools read them (recursively).
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ..errors import BuildOptionError
 
@@ -278,14 +278,36 @@ def _tool_output_words(words: list[str], path: tuple[str, ...]) -> Iterator[_Fin
 
 
 def _response_file(word: str, path: tuple[str, ...], checker: _Checker) -> Iterator[_Finding]:
-    """Findings in the response file ``@FILE`` (its words split as GCC's libiberty splits
-    them: whitespace, quotes, backslashes; nested ``@file`` read in turn). A file that cannot
-    be read is left to the tool, which takes ``@FILE`` literally then."""
+    """Findings in the response file ``@FILE`` (nested ``@file`` read in turn)."""
     if sum(step.startswith("@") for step in path) >= _MAX_RESPONSE_DEPTH:
         return  # a file that names itself: the tool gives up too
+    words = _read_response(word[1:])
+    if words is not None:
+        yield from checker(words, (*path, word))
+
+
+def _read_response(path: str) -> list[str] | None:
+    """The words of a response file, split as GCC's libiberty splits them (whitespace,
+    quotes, backslashes); None when it cannot be read (the tool takes ``@FILE`` literally)."""
     try:
-        with open(word[1:], encoding="utf-8", errors="surrogateescape") as file:
-            words = shlex.split(file.read())
+        with open(path, encoding="utf-8", errors="surrogateescape") as file:
+            return shlex.split(file.read())
     except (OSError, ValueError):
-        return
-    yield from checker(words, (*path, word))
+        return None
+
+
+def response_files(flags: Iterable[str]) -> list[str]:
+    """The response files ``flags`` name (``@FILE``, ``-Wl,@FILE``, and those they name in
+    turn): files a build reads besides its sources, as given (absolute in a build)."""
+    found: list[str] = []
+    pending = [(flag, 0) for flag in flags]
+    while pending:
+        flag, depth = pending.pop()
+        name = flag[1:] if flag.startswith("@") else flag[5:] if flag.startswith("-Wl,@") else ""
+        if not name or name in found or depth >= _MAX_RESPONSE_DEPTH:
+            continue
+        words = _read_response(name)
+        if words is not None:
+            found.append(name)
+            pending += [(word, depth + 1) for word in words]
+    return found

@@ -179,6 +179,8 @@ class _Context:
         )
         return publish(
             self.request,
+            self.toolchain,
+            self.cache,
             self.scratch,
             self.stopwatch,
             host,
@@ -237,6 +239,8 @@ class _Context:
         linked = self.link_or_fail([f"{name}.whole.o"])
         return publish(
             self.request,
+            self.toolchain,
+            self.cache,
             self.scratch,
             self.stopwatch,
             None,
