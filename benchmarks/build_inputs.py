@@ -101,9 +101,10 @@ def main() -> int:
     print(f"inputs of a torch/extension.h cell: {median['files']:.0f} files, "
           f"{median['megabytes']:.1f} MB (CPU seconds, median of 3 fresh processes)")
     print(f"  stat of each (opmagic before issue 29): {median['stat']:.3f} s")
+    share = median["record"] / compile_seconds
     print(f"  recording them by content, once per process: {median['record']:.3f} s "
           f"({median['record'] / max(median['stat'], 1e-9):.1f}x the stat; "
-          f"{median['record'] / compile_seconds:.1%} of the compile's {compile_seconds:.1f} s wall)")
+          f"{share:.1%} of the compile's {compile_seconds:.1f} s wall)")
     print(f"  recording them again in the same process: {median['record again']:.3f} s")
     print(f"  checking the cached build: {median['check']:.3f} s "
           f"({median['check'] / max(median['stat'], 1e-9):.1f}x the stat)")
