@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from ..cachedir import (
     NO_SPACE,
     NO_SPACE_ERRORS,
+    READ_ONLY_ERRORS,
     BuildCache,
     ProgressCallback,
     Stopwatch,
@@ -38,7 +39,13 @@ from ..cachedir import (
 )
 from ..errors import BuildOptionError, CompileError, MissingHeadersError
 from .compiler import StepResult, run_step
-from .diagnostics import failure_text, first_error, parse_diagnostics, renumber_log
+from .diagnostics import (
+    failure_text,
+    first_error,
+    locate_link_errors,
+    parse_diagnostics,
+    renumber_log,
+)
 from .headers import PREAMBLE, Prefix, macro_name, prepare_prefix, record_macro
 from .inputs import (
     LINK_DEPENDENCIES,
@@ -136,8 +143,8 @@ def published_build(
     try:
         return request, _cached_or_built(request, toolchain, cache, progress)
     except OSError as error:
-        if error.errno in NO_SPACE_ERRORS:
-            raise disk_full(str(error)) from None
+        if error.errno in (*NO_SPACE_ERRORS, *READ_ONLY_ERRORS):
+            raise cache.unwritable(error, f"build lib{options.name}.so") from None
         raise
 
 
@@ -497,7 +504,7 @@ def compile_error(
     """The exception for a failed compile or link: its errors at their source lines, and the
     compiler's output with the source's lines numbered as the user sees them."""
     options = request.options
-    diagnostics = parse_diagnostics(step.output, source_name)
+    diagnostics = locate_link_errors(parse_diagnostics(step.output, source_name), options.source)
     error = first_error(diagnostics)
     if error is not None and _MISSING_PYTHON_H.search(error.message):
         return MissingHeadersError(

@@ -52,7 +52,7 @@ from ..errors import BuildOptionError, LoadError
 from .loader import NativeLibrary
 from .registration import Registration, SourceSite
 from .snapshots import registrations_left, whole_dispatcher
-from .tokens import tokenize
+from .tokens import function_definitions, plain_function_name, tokenize
 
 PROBE_FILE = "probe.json"  # beside the library: it loaded and registered cleanly in a child
 LOADS_DIRECTORY = "loads"  # beside the library: a marker per process that has it loaded
@@ -596,9 +596,9 @@ def _static_line(static: dict[str, list[str]], trial: _Trial) -> int | None:
 def _crash_site(offsets: list[int], trial: _Trial) -> tuple[str | None, int | None]:
     """The innermost function of the crash stack that the source defines, and its line."""
     functions = _function_names(trial.path, offsets)
-    definitions = _definitions(trial.source)
+    definitions = function_definitions(trial.source)
     for function in functions:
-        plain = _plain_name(function)
+        plain = plain_function_name(function)
         if _BLOCK_BODY.match(plain):
             return None, None  # the block's body: the block line says more
         # the function, or one whose lambda it runs (std::thread's _M_run of start()'s lambda)
@@ -625,43 +625,3 @@ def _function_names(path: Path, offsets: list[int]) -> list[str]:
         timeout=60,
     )
     return [line for line in result.stdout.splitlines()[::2] if line and line != "??"]
-
-
-def _plain_name(function: str) -> str:
-    """``foo`` of ``ns::foo(int) const`` or of ``foo()::{lambda()#1}::operator()() const``."""
-    function = function.split("::{lambda", 1)[0]
-    depth, cut = 0, len(function)
-    for index, char in enumerate(function):  # drop the parameters (and template arguments)
-        if char in "<(":
-            if depth == 0 and char == "(":
-                cut = index
-                break
-            depth += 1
-        elif char in ">)":
-            depth -= 1
-    name = re.sub(r"<.*>", "", function[:cut])
-    return name.rsplit("::", 1)[-1].strip()
-
-
-def _definitions(source: str) -> dict[str, int]:
-    """The line of each function the source defines (``name(...) ... {``), first one wins."""
-    tokens = tokenize(source)
-    found: dict[str, int] = {}
-    for index, token in enumerate(tokens[:-1]):
-        if token.kind != "id" or tokens[index + 1].text != "(" or token.text in found:
-            continue
-        depth, position = 0, index + 1
-        while position < len(tokens):
-            text = tokens[position].text
-            depth += text == "("
-            depth -= text == ")"
-            position += 1
-            if depth == 0:
-                break
-        for follower in tokens[position : position + 12]:
-            if follower.text in ("{", ":"):
-                found[token.text] = token.line
-                break
-            if follower.text in (";", ",", ")", "=", "}"):
-                break
-    return found
