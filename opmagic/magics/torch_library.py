@@ -78,8 +78,12 @@ def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]
             progress.show(error)
             error.displayed = True
         raise
-    library = dataclasses.replace(library, notes=(*library.notes, *session.displaced()))
-    return session.track(library, library.description, identity)
+    try:
+        library = dataclasses.replace(library, notes=(*library.notes, *session.displaced()))
+        return session.track(library, library.description, identity)
+    except BaseException:  # Ctrl-C before the session holds it: nobody else could close it
+        library.close()
+        raise
 
 
 @magics_class

@@ -170,7 +170,11 @@ def load_library(
     mark_loaded(built.directory)
     native = NativeLibrary(path, built.library_sha256 or None)
     registration = register(native, site, previous)
-    tables = _tables_of(registration.operators)
+    try:
+        tables = _tables_of(registration.operators)
+    except BaseException:  # Ctrl-C, say: nobody would hold the registration to undo it
+        registration.close()
+        raise
     return LoadedLibrary(
         name=options.name,
         key=request.key,

@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,30 +146,51 @@ def probe(
 
 # ---------------------------------------------------------------- processes that had it loaded
 
-_MARKED: list[Path] = []  # the markers this process left: removed when it exits normally
+_MARKED: list[tuple[Path, str]] = []  # (build directory, marker) this process left
 
 
 def mark_loaded(directory: Path) -> None:
     """Leave this process's marker beside the build in ``directory`` (it is being loaded); it
     goes when the process exits normally. Never raises: a read-only cache remembers nothing."""
-    marker = directory / LOADS_DIRECTORY / _process_identity(os.getpid())
+    marker = (directory, _process_identity(os.getpid()))
     if marker in _MARKED:
         return
-    with contextlib.suppress(OSError):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(marker.parent, 0o700)
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        os.close(fd)
-        if not _MARKED:
-            atexit.register(_remove_markers)
-        _MARKED.append(marker)
+    with _loads_directory(directory, create=True) as fd:
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(marker[1], flags, 0o600, dir_fd=fd))
+            if not _MARKED:
+                atexit.register(_remove_markers)
+            _MARKED.append(marker)
 
 
 def _remove_markers() -> None:
     """At a normal exit: this process had its builds loaded and did not crash."""
-    for marker in _MARKED:
+    for directory, name in _MARKED:
+        with _loads_directory(directory, create=False) as fd, contextlib.suppress(OSError):
+            if fd is not None:
+                os.unlink(name, dir_fd=fd)
+
+
+@contextlib.contextmanager
+def _loads_directory(directory: Path, *, create: bool) -> Iterator[int | None]:
+    """A descriptor of the build's :data:`LOADS_DIRECTORY` (None when there is none, or
+    something else is there: a symlink planted in the cache is never followed)."""
+    path = directory / LOADS_DIRECTORY
+    if create:
         with contextlib.suppress(OSError):
-            marker.unlink()
+            os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _earlier_crashes(directory: Path) -> tuple[str, ...]:
@@ -181,20 +202,20 @@ def _earlier_crashes(directory: Path) -> tuple[str, ...]:
         for crash in read_json_file(path, list) or []
         if isinstance(crash, dict) and isinstance(crash.get("pid"), int)
     ]
-    own, boot, found = {marker.name for marker in _MARKED}, _boot_id(), False
-    with contextlib.suppress(OSError):
-        for marker in os.scandir(directory / LOADS_DIRECTORY):
-            booted, _, rest = marker.name.partition("-")
+    own, boot, found = {name for _, name in _MARKED}, _boot_id(), False
+    with _loads_directory(directory, create=False) as fd, contextlib.suppress(OSError):
+        for name in os.listdir(fd) if fd is not None else []:
+            booted, _, rest = name.partition("-")
             pid = rest.partition("-")[0]
-            if marker.name in own or (
-                booted == boot and pid.isdigit() and _process_identity(int(pid)) == marker.name
+            if name in own or (
+                booted == boot and pid.isdigit() and _process_identity(int(pid)) == name
             ):
                 continue  # running now
             if booted == boot and pid.isdigit():  # not a reboot (nor another machine's)
                 crashes.append({"pid": int(pid), "noticed": time.strftime("%Y-%m-%d %H:%M")})
                 found = True
             with contextlib.suppress(OSError):
-                os.unlink(marker.path)
+                os.unlink(name, dir_fd=fd)
     if found:
         with contextlib.suppress(OSError):
             write_atomic(path, json.dumps(crashes))
