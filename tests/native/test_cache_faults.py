@@ -471,3 +471,74 @@ def _wait_for_background_precompiles(home: Path) -> None:
     while list(home.glob("opmagic/v1/prefix/*/precompiling.pid")):
         assert time.monotonic() < deadline, "the background precompile did not end"
         time.sleep(0.2)
+
+
+# kills the compiler of a precompile (as the OOM killer does), then builds: argv[1] "kill"
+# does both, "build" only builds; reports the build's note and the failure log's head
+_KILLED_CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    from pathlib import Path
+    from opmagic import compile_library
+    from opmagic.cachedir import cache_root
+    from opmagic.native import precompile_headers
+    source = sys.stdin.read()
+
+    def kill_cc1plus():
+        while True:
+            for entry in Path("/proc").iterdir():
+                try:
+                    command = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"cc1plus" in command and str(cache_root()).encode() in command:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    return
+            time.sleep(0.05)
+
+    def stop_background():
+        for marker in cache_root().rglob("precompiling.pid"):
+            os.killpg(int(marker.read_text()), signal.SIGKILL)
+            marker.unlink()
+
+    if sys.argv[1] == "kill":
+        threading.Thread(target=kill_cc1plus, daemon=True).start()
+        precompile_headers([source])
+    (failed,) = cache_root().rglob("failed.log")
+    log = failed.read_text()
+    notes = []
+    for namespace in ("cf_killed_a", "cf_killed_b"):
+        library = compile_library(source.replace("cf_killed", namespace), progress=None)
+        notes.append(library.build.note)
+        library.close()
+        stop_background()
+        if not failed.exists():
+            failed.write_text(log)  # killed again
+    print(json.dumps({"log": log[-300:], "notes": notes}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_precompile_killed_by_the_oom_killer_is_tried_again_once_per_process(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path)}
+    reports = []
+    for action in ("kill", "build"):  # the second: a new process
+        result = subprocess.run(
+            [sys.executable, "-c", _KILLED_CHILD, action],
+            input=op_source("cf_killed"),
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        reports.append(json.loads(result.stdout.splitlines()[-1]))
+    killed, later = reports
+    assert "Killed signal terminated program cc1plus" in killed["log"]
+    for report in (killed, later):  # once per process: the next build of that process says so
+        first, second = report["notes"]
+        assert "the last precompile was killed: 'Killed signal terminated program" in first
+        assert "tried again, once per process" in first
+        assert second.startswith("precompiling failed: "), second
