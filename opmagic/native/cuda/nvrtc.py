@@ -141,7 +141,8 @@ def compile_cuda_kernels(
     check_source_position(label, first_line)
     label = label or _SOURCE_NAME
     signatures = tuple(k for k in kernel_signatures(source) if k.defined)
-    _check_kernels(signatures, label, first_line)
+    if signatures:  # else compiled first: a kernel whose signature does not parse is an error
+        _check_kernels(signatures, label, first_line)
     archs = parse_archs(arch) if arch is not None else ()
     if len(archs) > 1:
         raise BuildOptionError(
@@ -162,6 +163,8 @@ def compile_cuda_kernels(
     )
     started = time.perf_counter()
     binary, cached = _compile(source, options, target, label, first_line)
+    if not signatures:  # it compiles, and has no kernel
+        _check_kernels(signatures, label, first_line)
     result = CudaKernels(
         source,
         label,

@@ -69,6 +69,14 @@ def test_a_compile_error_points_at_the_cell_line():
     assert raised.value.diagnostics[0].user_line == 3
 
 
+def test_a_kernel_whose_signature_does_not_parse_reports_its_compile_error():
+    broken = VADD.replace("int n)", "int n")  # the parameter list is never closed
+    with pytest.raises(CompileError) as raised:
+        compile_cuda_kernels(broken, label="cell [4]", first_line=2)
+    assert str(raised.value).startswith("NVRTC: compile error at cell [4], line 2:")
+    assert "defines no kernel" not in str(raised.value)
+
+
 def test_arch_and_flags_reach_nvrtc():
     ptx = compile_cuda_kernels(VADD, arch="compute_80", nvrtc_flags=["-DUNUSED=1"])
     assert ptx.binary.kind == "ptx" and b".target sm_80" in ptx.binary.data
