@@ -17,7 +17,8 @@ from IPython.display import display
 
 from ..dispatch.trace import Trace, trace
 from .arguments import CONTEXT_OPTIONS, call_context, parse_options, with_options
-from .context import magic_context
+from .context import magic_context, raise_users_error
+from .session import running_cell_number
 
 VIEWS = ("tree", "frame", "diagram", "surprises")
 
@@ -57,7 +58,7 @@ class TraceMagics(Magics):
         shown = traced if options.view == "tree" else _view(traced, options.view)
         if traced.exception is not None:  # show what ran, then the cell's own error
             display(shown)
-            raise traced.exception
+            raise_users_error(self.shell, traced.exception)
         return shown
 
     def _compiled(self, cell: str) -> Any:
@@ -65,7 +66,8 @@ class TraceMagics(Magics):
         source = self.shell.transform_cell(cell)
         tree = ast.parse(source)  # a SyntaxError is the user's: IPython shows it as such
         last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        filename = self.shell.compile.cache(source)  # tracebacks show the cell's lines
+        # tracebacks show the cell's lines, under the cell's number
+        filename = self.shell.compile.cache(source, running_cell_number(self.shell))
         body = compile(ast.Module(tree.body[:-1] if last else tree.body, []), filename, "exec")
         value = compile(ast.Expression(last.value), filename, "eval") if last else None
         namespace = self.shell.user_ns

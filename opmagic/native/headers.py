@@ -29,9 +29,11 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from ..cachedir import (
     NO_SPACE,
@@ -49,10 +51,16 @@ from ..cachedir import (
     remove_path,
     write_atomic,
 )
-from ..errors import OpmagicError
+from ..errors import BuildOptionError, OpmagicError
 from .blocks import scan_blocks
 from .compiler import run_step
-from .options import DEFAULT_OPT_LEVEL, BuildOptions, normalise_opt_level
+from .options import (
+    DEFAULT_OPT_LEVEL,
+    BuildOptions,
+    check_source_text,
+    normalise_opt_level,
+    split_flags,
+)
 from .toolchain import Toolchain, find_toolchain
 
 _HERE = Path(__file__).parent
@@ -396,6 +404,10 @@ def precompile_headers(
     them while they are), ``wait=True`` before returning. Headers already precompiled cost
     nothing.
     """
+    sources = _checked_sources(sources)
+    if not isinstance(wait, bool):
+        raise BuildOptionError(f"wait must be True or False, got {wait!r:.60}.")
+    split_flags(extra_cflags, "extra_cflags")  # checked whether or not sources are given
     toolchain = find_toolchain()
     if not toolchain.is_gcc:
         return
@@ -443,6 +455,22 @@ def precompile_headers(
     for name, job in jobs:
         if not job.done():
             job.run_now(cache, Stopwatch("headers", None), name)
+
+
+def _checked_sources(sources: object) -> tuple[str, ...] | None:
+    """``precompile_headers``'s sources as a tuple of texts (one text alone is one source)."""
+    if sources is None:
+        return None
+    if isinstance(sources, str):
+        return (sources,)
+    if isinstance(sources, (bytes, bytearray, torch.Tensor)) or not isinstance(sources, Iterable):
+        raise BuildOptionError(
+            f"sources must be a list of C++ sources (str), or None; got {sources!r:.60}."
+        )
+    sources = tuple(sources)
+    for source in sources:
+        check_source_text(source, "C++ source text")
+    return sources
 
 
 def precompile_headers_in_background() -> None:

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..dispatch.ops import is_identifier
 from ..errors import BuildOptionError
 from .blocks import scan_blocks
@@ -68,10 +70,7 @@ class BuildOptions:
         Raises :class:`~opmagic.errors.BuildOptionError` for the first bad one.
         """
         language = "CUDA C++" if cuda else "C++"
-        if not isinstance(source, str):
-            raise BuildOptionError(
-                f"The source must be {language} source text (a str), got {type(source).__name__}."
-            )
+        check_source_text(source, f"{language} source text")
         if not source.strip():
             raise BuildOptionError(
                 f"The source is empty: write {language} with TORCH_LIBRARY / "
@@ -129,6 +128,22 @@ def _library_name(name: str | None, source: str) -> str:
     return name
 
 
+def check_source_text(source: object, what: str) -> None:
+    """``source`` is text the compiler can read: a str that encodes as UTF-8 (a notebook's
+    JSON can hold a lone surrogate, ``\udcff``, which no file can)."""
+    if not isinstance(source, str):
+        raise BuildOptionError(f"The source must be {what} (a str), got {type(source).__name__}.")
+    try:
+        source.encode("utf-8")
+    except UnicodeEncodeError as error:
+        line = source.count("\n", 0, error.start) + 1
+        raise BuildOptionError(
+            f"The source is not UTF-8 text: line {line} holds {source[error.start]!r}, a lone "
+            "surrogate that no file can hold (text decoded with errors='surrogateescape'?). "
+            "Remove it, or decode the text with its real encoding."
+        ) from None
+
+
 def check_source_position(label: object, first_line: object) -> None:
     """``label``/``first_line`` (how messages name the source) of the right types."""
     if type(first_line) is not int or first_line < 1:
@@ -147,7 +162,7 @@ def split_flags(flags: Sequence[str] | str, what: str) -> tuple[str, ...]:
                 f"{what} cannot be split into flags ({error}): {flags!r}. Close the quote, or "
                 "pass a list of flags."
             ) from None
-    if isinstance(flags, (bytes, bytearray)) or not isinstance(flags, Iterable):
+    if isinstance(flags, (bytes, bytearray, torch.Tensor)) or not isinstance(flags, Iterable):
         raise BuildOptionError(
             f"{what} must be a string of flags or a list of strings, got {flags!r}."
         )

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from opmagic import cdiv, cuda_kernel_from_source
-from opmagic.errors import ArgumentTypeError, BuildOptionError, CompileError, NoGPUError
+from opmagic.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    BuildOptionError,
+    CompileError,
+    NoGPUError,
+)
 from opmagic.native.cuda import launcher, nvrtc
 from opmagic.native.cuda.nvrtc import compile_cuda_kernels, nvrtc_target
 from opmagic.native.cuda.source import KernelParameter
@@ -134,7 +140,7 @@ def test_scalars_are_converted_to_their_parameters_c_types():
     assert convert("float", 2).value == 2.0 and isinstance(convert("float", 2), ctypes.c_float)
     assert convert("__half", 1.0).value == 0x3C00  # IEEE half bits of 1.0
     assert convert("__nv_bfloat16", 1.0).value == 0x3F80
-    with pytest.raises(OverflowError, match="does not fit a int"):
+    with pytest.raises(ArgumentValueError, match="does not fit a int"):
         convert("int", 2**40)
     with pytest.raises(TypeError, match="pass an int, got the float"):
         convert("int64_t", 1.5)
