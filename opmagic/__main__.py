@@ -1,5 +1,5 @@
-"""``python -m opmagic``: dispatch tables, call resolution, kernels, and what importing a
-module changes in the dispatcher, from a terminal."""
+"""``python -m opmagic``: dispatch tables, call resolution, kernels, what importing a module
+changes in the dispatcher, and the doctor's diagnosis of an operator, from a terminal."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from IPython.core.error import UsageError
 from .errors import OpmagicError
 from .magics.arguments import (
     CONTEXT_OPTIONS,
+    DOCTOR_LADDER_OPTIONS,
     KERNELS_OPTIONS,
     add_options,
     call_context,
+    doctor_keywords,
     evaluate,
     kernels_keywords,
 )
@@ -89,6 +91,28 @@ def _parser() -> argparse.ArgumentParser:
         help="exit with status 1 when code outside torch put a kernel in front of an aten "
         "operator (for a library's CI)",
     )
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="diagnose an operator defined in an importable module (exit status 1 when there "
+        "are findings)",
+    )
+    doctor.add_argument(
+        "target",
+        metavar="MODULE:ATTR",
+        help="the module to import and the operator in it (a custom op, a torch.ops object, "
+        "or an 'ns::name' string), e.g. myops:my_add or myops.ops:torch.ops.myops.add",
+    )
+    doctor.add_argument(
+        "--args",
+        default="",
+        help="the sample's positional arguments as a Python expression, torch and the module "
+        'in scope, e.g. "torch.randn(3, requires_grad=True), 2"; default: built from the schema',
+    )
+    doctor.add_argument(
+        "--kwargs", default="", help='keyword arguments as a Python expression, e.g. "dict(n=2)"'
+    )
+    add_options(doctor, DOCTOR_LADDER_OPTIONS)
     return parser
 
 
@@ -131,16 +155,22 @@ def _resolve(options: argparse.Namespace) -> str:
     scope), and its diagram for ``--svg``."""
     import torch
 
-    scope = {"torch": torch}
+    args, kwargs = _call_arguments(options, {"torch": torch})
+    resolution = call_context(options).resolve(options.op, *args, **kwargs)
+    _write_svg(options.svg, resolution.diagram(show_all=options.all))
+    return str(resolution)
+
+
+def _call_arguments(options: argparse.Namespace, scope: dict[str, Any]) -> tuple[tuple, dict]:
+    """The call's arguments from ``--args`` (a tuple is the argument list) and ``--kwargs``
+    (a dict), evaluated in ``scope``."""
     args = evaluate(options.args, scope, "--args") if options.args.strip() else ()
     if not isinstance(args, tuple):
         args = (args,)
     kwargs = evaluate(options.kwargs, scope, "--kwargs") if options.kwargs.strip() else {}
     if not isinstance(kwargs, dict):
         raise UsageError(f"--kwargs must evaluate to a dict, got {type(kwargs).__name__}")
-    resolution = call_context(options).resolve(options.op, *args, **kwargs)
-    _write_svg(options.svg, resolution.diagram(show_all=options.all))
-    return str(resolution)
+    return args, kwargs
 
 
 def _kernels(options: argparse.Namespace, argv: Sequence[str]) -> str:
@@ -177,6 +207,31 @@ def _diff(options: argparse.Namespace) -> tuple[str, int]:
     )
     show_all = f"`with opmagic.diff() as d: {ran}`, then d.frame()"
     return diff_text(found, limit=None, show_all=show_all), status
+
+
+def _doctor(options: argparse.Namespace) -> tuple[str, int]:
+    """``doctor``: import MODULE, diagnose its ATTR on the sample ``--args``/``--kwargs`` give
+    (or one built from the schema); status 1 when the diagnosis has findings."""
+    import torch
+
+    from .verify.doctor import doctor
+
+    module_name, colon, attribute = options.target.partition(":")
+    if not colon or not module_name or not attribute:
+        raise UsageError(f"expected MODULE:ATTR, e.g. myops:my_add, got {options.target!r}")
+    module = _imported(module_name)
+    scope = {"torch": torch, **vars(module)}
+    op = evaluate(attribute, scope, f"the operator {attribute!r} of {module_name}")
+    args, kwargs = _call_arguments(options, scope)
+    diagnosis = doctor(op, *args, **doctor_keywords(options), **kwargs)
+    return str(diagnosis), 0 if diagnosis.ok else 1
+
+
+def _imported(name: str) -> Any:
+    """The module ``name``, imported; a failure says which module and why."""
+    holder: list[Any] = []
+    _run(f"import {name}", lambda: holder.append(importlib.import_module(name)))
+    return holder[0]
 
 
 def _run(what: str, step: Callable[[], Any]) -> None:
@@ -220,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             output = _resolve(options)
         elif options.command == "diff":
             output, status = _diff(options)
+        elif options.command == "doctor":
+            output, status = _doctor(options)
         else:
             output = _kernels(options, argv)
     except (OpmagicError, UsageError) as exc:

@@ -190,8 +190,13 @@ class RegistrationError(OpmagicError):
     """torch rejected a registration (duplicate operator, bad schema, ...); nothing was kept.
 
     ``line`` is the line of the TORCH_LIBRARY* block that failed, in the source's numbering.
+    ``signature_changed``: a kernel's C++ signature differs from the one the operator's
+    dispatcher entry, kept alive by other registrations, remembers.
     """
 
-    def __init__(self, message: str, *, line: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, line: int | None = None, signature_changed: bool = False
+    ) -> None:
         super().__init__(message)
         self.line = line
+        self.signature_changed = signature_changed

@@ -235,3 +235,44 @@ def test_diff_in_a_fresh_interpreter(overriding_module: str, tmp_path: Path) -> 
         )
         assert result.returncode == status, result.stderr
         assert "aten::sin" in result.stdout and "aten override" in result.stdout
+
+
+DOCTOR_MODULE = """
+import torch
+
+@torch.library.custom_op("cli_doctor::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+"""
+
+
+@pytest.mark.slow
+def test_doctor_of_a_module_op_exits_1_on_findings_and_0_once_fixed(tmp_path: Path) -> None:
+    """Spawns Python. The op in an importable module: a finding fails CI; with its fix, it
+    passes."""
+    (tmp_path / "cli_doctor_ops.py").write_text(DOCTOR_MODULE)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", "COLUMNS": "100"}
+
+    def doctor_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "opmagic", "doctor", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+
+    found = doctor_cli("cli_doctor_ops:twice", "--until", "make_fx", "--args", "torch.randn(3)")
+    assert found.returncode == 1, found.stderr
+    assert found.stdout.startswith("doctor cli_doctor::twice: 1 finding: no-fake")
+    assert "site: " in found.stdout and "cli_doctor_ops.py:4" in found.stdout
+    fix = found.stdout.split("   fix:\n", 1)[1].split("\n  ladder", 1)[0]
+    (tmp_path / "cli_doctor_ops.py").write_text(
+        DOCTOR_MODULE + "\n" + "\n".join(line[7:] for line in fix.splitlines()) + "\n"
+    )
+    healthy = doctor_cli("cli_doctor_ops:twice", "--until", "make_fx")
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert "healthy" in healthy.stdout.splitlines()[0]
+    bad = doctor_cli("cli_doctor_ops", "--until", "make_fx")
+    assert bad.returncode == 2 and "expected MODULE:ATTR" in bad.stderr

@@ -26,8 +26,8 @@ import opmagic
 import opmagic.native.library
 from opmagic.dispatch.contexts import CallContext
 from opmagic.errors import OpmagicError
+from opmagic.verify.samples import TensorSpec
 from opmagic.view.explorer.model import ExplorerModel
-from opmagic.view.explorer.samples import TensorSpec
 
 from .native.sources import VADD, op_source
 
@@ -53,6 +53,7 @@ def earlier_op() -> Iterator[Any]:
 
 
 _SNAPSHOT = opmagic.snapshot()
+_VALUED = opmagic.trace(torch.ones(2).cos, values=True)
 _DIFF = opmagic.diff(_SNAPSHOT)
 
 
@@ -67,6 +68,12 @@ def _base_calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
             {"source": _CUSTOM_OP.replace("x + 1", "x"), "name": "hzapi::fresh"},
         ),
         "check_op": (opmagic.check_op, {"op": "aten::add.Tensor", "args": two}),
+        "doctor": (
+            lambda op, samples, rungs, until: opmagic.doctor(
+                op, samples=samples, rungs=rungs, until=until, progress=False
+            ),
+            {"op": "aten::sin", "samples": [two[:1]], "rungs": ["fake"], "until": "fake"},
+        ),
         "key_info": (opmagic.key_info, {"name": "CPU"}),
         "kernels": (opmagic.kernels, {"namespace": "hzapi", "keys": None, "missing": None}),
         "dispatch_table": (opmagic.dispatch_table, {"op": "aten::add.Tensor"}),
@@ -90,6 +97,14 @@ def _base_calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
         ),
         "cdiv": (opmagic.cdiv, {"a": 10, "b": 3}),
         "trace": (lambda fn: opmagic.trace(fn), {"fn": torch.ones(1).sum}),
+        "trace options": (
+            lambda values, warmup: opmagic.trace(torch.ones(1).sum, values=values, warmup=warmup),
+            {"values": True, "warmup": False},
+        ),
+        "compare_traces": (
+            opmagic.compare_traces,
+            {"a": _VALUED, "b": _VALUED, "rtol": 1e-4, "atol": 1e-5, "labels": ("a", "b")},
+        ),
         "diff": (opmagic.diff, {"before": _SNAPSHOT}),
         "DispatchDiff.table": (_DIFF.table, {"op": "hzapi::kept"}),
         "DispatchDiff.affected": (_DIFF.affected, {"calls": [("aten::sin", two[:1])]}),

@@ -1,5 +1,6 @@
-"""Every example in README.md runs as written: its Python and cell blocks, in order, in one
-IPython shell of a fresh process (the examples define operators of their own)."""
+"""Every example in README.md and in the feature pages of docs/ runs as written: each file's
+Python and cell blocks, in order, in one IPython shell of a fresh process (the examples define
+operators of their own)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 PYTHONPATH = os.environ.get("PYTHONPATH", "")
 # fenced blocks a user pastes into a notebook cell: Python, and C++/CUDA cells of the magics
 _RUNNABLE = ("python", "cpp", "cuda")
@@ -36,9 +38,9 @@ _RUNNER = textwrap.dedent(
 )
 
 
-def readme_cells() -> list[str]:
-    """The README's runnable blocks, in order."""
-    return [code for lang, code in _FENCE.findall(README.read_text()) if lang in _RUNNABLE]
+def readme_cells(path: Path = README) -> list[str]:
+    """The runnable blocks of the README (or of another page), in order."""
+    return [code for lang, code in _FENCE.findall(path.read_text()) if lang in _RUNNABLE]
 
 
 def test_the_readme_has_examples_to_run() -> None:
@@ -50,11 +52,24 @@ def test_the_readme_has_examples_to_run() -> None:
 
 @pytest.mark.slow
 def test_every_readme_example_runs_as_written(build_cache: Path, tmp_path: Path) -> None:
+    _run_blocks(readme_cells(), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", DOCS, ids=[page.stem for page in DOCS])
+def test_every_docs_example_runs_as_written(page: Path, build_cache: Path, tmp_path: Path) -> None:
+    cells = readme_cells(page)
+    assert cells, f"{page.name} has no runnable example"
+    _run_blocks(cells, tmp_path)
+
+
+def _run_blocks(cells: list[str], folder: Path) -> None:
+    """Run the blocks in one IPython shell of a fresh process, in ``folder``."""
     done = subprocess.run(  # in a directory of its own: examples save files where they run
         [sys.executable, "-c", _RUNNER],
-        cwd=tmp_path,
+        cwd=folder,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), PYTHONPATH]))},
-        input=json.dumps(readme_cells()),
+        input=json.dumps(cells),
         capture_output=True,
         text=True,
         timeout=1800,

@@ -17,12 +17,16 @@ import torch
 
 from opmagic import (
     AffectedCalls,
+    AutogradNode,
     CheckReport,
     Comparison,
+    Compilation,
+    CompiledRegion,
     CompileError,
     CudaKernelResult,
     CudaKernels,
     CustomOpResult,
+    Diagnosis,
     DispatchDiff,
     DispatchSnapshot,
     DispatchTable,
@@ -34,16 +38,19 @@ from opmagic import (
     Surprises,
     SweepProgress,
     Trace,
+    TraceComparison,
     TracedCall,
     TritonLaunch,
     TritonOpResult,
     check_op,
     compare,
+    compare_traces,
     compile_library,
     cuda_kernel_from_source,
     custom_op_from_source,
     diff,
     dispatch_table,
+    doctor,
     kernels,
     resolve,
     snapshot,
@@ -66,6 +73,7 @@ CHECKED = {
     TracedCall: "test_library_op_results_survive_destroy_and_redefinition",
     Surprises: "test_library_op_results_survive_destroy_and_redefinition",
     CheckReport: "test_library_op_results_survive_destroy_and_redefinition",
+    Diagnosis: "test_library_op_results_survive_destroy_and_redefinition",
     Comparison: "test_library_op_results_survive_destroy_and_redefinition",
     SweepProgress: "test_library_op_results_survive_destroy_and_redefinition",
     KernelsView: "test_library_op_results_survive_destroy_and_redefinition",
@@ -81,6 +89,10 @@ CHECKED = {
     AffectedCalls: "test_library_op_results_survive_destroy_and_redefinition",
     TritonOpResult: "test_a_triton_op_cell_and_its_launches_survive_a_rerun_and_unload",
     TritonLaunch: "test_a_triton_op_cell_and_its_launches_survive_a_rerun_and_unload",
+    AutogradNode: "test_backward_and_compiled_traces_survive_destroy_and_redefinition",
+    CompiledRegion: "test_backward_and_compiled_traces_survive_destroy_and_redefinition",
+    Compilation: "test_backward_and_compiled_traces_survive_destroy_and_redefinition",
+    TraceComparison: "test_backward_and_compiled_traces_survive_destroy_and_redefinition",
 }
 NOT_ABOUT_OPERATORS = {CompileError}  # the compiler's output it carries, and nothing else
 
@@ -157,6 +169,7 @@ def test_library_op_results_survive_destroy_and_redefinition() -> None:
         "call": traced.calls[0],
         "surprises": traced.surprises(),
         "check": check_op(op, (x,)),
+        "diagnosis": doctor(op, x, until="fake", progress=False),
         "comparison": compare(op, lambda v: v * 2, [(x,)], min_run_time=0.01, progress=False),
         "progress": SweepProgress(1, 2, "case", 0.5),
         "kernels": KernelsView(kernels("snap_lib")),
@@ -393,3 +406,58 @@ def test_a_resolution_drawn_after_its_op_is_gone_does_not_raise() -> None:
     resolution = resolve(torch.ops.snap_gone.f, torch.randn(2))
     library._destroy()
     assert "CPU" in resolution.diagram(show_all=True).dot
+
+
+def _define_halve(library: torch.library.Library, factor: float) -> None:
+    """``halve(x)``: a CPU kernel, a fake impl, a backward formula that scales by ``factor``."""
+    library.define("halve(Tensor x) -> Tensor")
+    library.impl("halve", lambda x: x * factor, "CPU")
+    library.impl("halve", lambda x: torch.empty_like(x), "Meta")
+    torch.library.register_autograd(
+        "snap_backward::halve", lambda ctx, grad: grad * factor, lib=library
+    )
+
+
+@pytest.mark.slow
+def test_backward_and_compiled_traces_survive_destroy_and_redefinition() -> None:
+    """A training step through an op with a backward formula (its autograd node), the same op
+    in a function torch.compile compiles inside the trace (the compilation, the region) and
+    a comparison of two traces with values show the same once the op is gone and again once
+    it is defined anew."""
+    torch._dynamo.reset()
+    library = torch.library.Library("snap_backward", "DEF")
+    _define_halve(library, 0.5)
+    op = torch.ops.snap_backward.halve
+    x = torch.randn(3, requires_grad=True)
+
+    def step() -> None:
+        op(x).sum().backward()
+
+    def f(v: torch.Tensor) -> torch.Tensor:
+        return op(v).cos()
+
+    stepped = trace(step, values=True)
+    compiled = trace(torch.compile(f, backend="aot_eager"), x.detach())
+    again = trace(step, values=True)
+    results: dict[str, Displayable] = {
+        "step": stepped,
+        "node": next(n for n in stepped.nodes() if n.name.startswith("GeneratedBackward")),
+        "compiled": compiled,
+        "compilation": next(i for i in compiled.calls if isinstance(i, Compilation)),
+        "region": compiled.regions()[0],
+        "comparison": compare_traces(stepped, again),
+    }
+    before = all_shown(results)
+    assert {type(result) for result in results.values()} >= _checked_by(
+        "test_backward_and_compiled_traces_survive_destroy_and_redefinition"
+    )
+    assert "snap_backward::halve" in before["node"]["text"]
+    library._destroy()
+    assert all_shown(results) == before
+    redefined = torch.library.Library("snap_backward", "DEF")
+    try:
+        _define_halve(redefined, 2.0)
+        assert all_shown(results) == before
+    finally:
+        redefined._destroy()
+        torch._dynamo.reset()

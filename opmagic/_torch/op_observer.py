@@ -1,6 +1,7 @@
-"""Every operator call on this thread, logged without changing how it dispatches.
+"""Every operator call of a thread (and of the threads torch hands its work to), logged
+without changing how it dispatches.
 
-``start(describe, check, owner)`` logs each operator call the dispatcher makes on this
+``start(describe, check, owner, ...)`` logs each operator call the dispatcher makes on this
 thread, as an enter and an exit event, until ``stop()`` hands the log over. Each enter event
 names a segment id that ``describe(op, name, overload, inputs, python_decides)`` returned for
 the call (``inputs``: its arguments in schema order as Python values). The observer asks only
@@ -9,11 +10,25 @@ across logs of the same ``owner`` (segment ids mean something to their owner onl
 first time a log sees an operator it asks ``check(op, name, overload)`` whether they still
 hold (``False`` drops them). It always asks when Python code decides the path
 (``python_decides``: a dispatch mode, a tensor subclass, a torch.func transform,
-functionalization); then ``describe`` returns ``(segment, argument summaries)``, otherwise
-``(segment, None)`` and the observer summarises the arguments itself.
+functionalization). ``describe`` returns ``(segment, argument summaries or None, flags)``:
+summaries when Python decides (otherwise the observer summarises the arguments itself),
+flags :data:`RUNS_PYTHON` (the call's kernels are Python code), :data:`HIDE` (leave the
+call and everything under it out, counting them), :data:`NO_VALUES` and
+:data:`MAKES_VALUES` (which outputs ``values`` summarises: those of the calls the traced
+code, a node or region, a decomposition or a Python kernel made, views of inputs aside).
 
-The hook is a thread-local RecordFunction callback, the one torch.profiler uses: it adds no
-dispatch key and leaves the thread-local dispatch state alone. torch has no Python API to add
+Besides operator calls the log holds the autograd nodes that run (torch's BACKWARD_FUNCTION
+records, with the sequence number that ties a node to the forward call that made it) and the
+named ranges whose names start with one of ``ranges`` (``autograd::engine::evaluate_function:``,
+``Torch-Compiled Region:``). Given ``user_code(code) -> bool``, each call the user's Python
+code can have made carries its origin: the innermost frame whose code ``user_code`` accepts
+and the ``nn.Module`` objects whose ``__call__`` (one of ``module_calls``) runs inside
+``stop_frame``. With ``values``, each call's exit carries min/max/mean of its tensor outputs.
+
+The hooks are thread-local RecordFunction callbacks, the ones torch.profiler uses: they add no
+dispatch key and leave the thread-local dispatch state alone; torch copies them with its
+thread-local state to the threads it hands work to (the autograd engine's device and
+re-entrant threads), whose calls go to logs of their own. torch has no Python API to add
 one, so it is C++ (``op_observer.cpp``), built through the cache service
 (:mod:`opmagic.cachedir`) under a key of everything the build reads (:func:`build_identity`:
 the source, flags, compiler, torch's install and Python), and loaded only once its size and
@@ -67,25 +82,67 @@ LIBRARY = f"{MODULE_NAME}.so"
 RECORD = "build.json"  # the library's size and SHA-256, what the build took, its identity
 KIND = "operator observer"  # how the cache remembers what its last build took
 
-# describe(op index, name, overload, inputs, python_decides) -> (segment, summaries or None)
-Describe = Callable[[int, str, str, tuple[Any, ...], bool], tuple[int, Any]]
+# describe(op index, name, overload, inputs, python_decides) -> (segment, summaries, flags)
+Describe = Callable[[int, str, str, tuple[Any, ...], bool], tuple[int, Any, int]]
 # check(op index, name, overload) -> whether the answers about the operator still hold
 Check = Callable[[int, str, str], bool]
-# (ops, events, error): ops as (name, overload) by index; events (op, segment, time_ns,
-# overhead_ns, arguments) for enters and (-1, unwinding, time_ns, overhead_ns, None) for exits
-Log = tuple[list[tuple[str, str]], list[tuple[Any, ...]], BaseException | None]
+RUNS_PYTHON = 1  # describe's flag: the call's kernels run Python code
+HIDE = 2  # describe's flag: leave the call and the calls under it out of the log
+NO_VALUES = 4  # describe's flag: its outputs are views of its inputs (values skips them)
+MAKES_VALUES = 8  # describe's flag: a decomposition, whose calls compute values
+# Event kinds: an operator call's enter event starts with the operator's index (>= 0)
+EXIT, RANGE, NODE, HIDDEN = -1, -2, -3, -4
+# Enter events are (kind, detail, time_ns, overhead_ns, arguments, sequence_nr, origin, extra):
+#   a call: detail its segment, arguments as logged, extra the number of Python modules
+#     loaded when describe was asked (-1 if it was not), less those the observer's own
+#     callbacks loaded;
+#   RANGE and NODE: detail the name, extra the RecordFunction id of the thread that ran the
+#     forward (a node's sequence number and that thread name the call that made it);
+#   HIDDEN: detail the segment describe gave it.
+#   origin: (code, line, modules) or None (the caller's).
+# Exit events are (EXIT, unwinding, time_ns, overhead_ns, outputs, extra): outputs (with
+# values) a tuple per output of None, ((dtype, device, shape, requires_grad), (min, max,
+# mean) or None) or a list of those (a tensor list); extra the modules loaded (a described
+# call), the calls left out (HIDDEN), or -1.
+# A thread's log: (native thread id, thread name, RecordFunction thread id, events)
+ThreadLog = tuple[int, str, int, list[tuple[Any, ...]]]
+Log = tuple[list[tuple[str, str]], list[ThreadLog], BaseException | None]
 
 
-def start(describe: Describe, check: Check, owner: str) -> None:
-    """Log every operator call on this thread until :func:`stop`; see the module docstring."""
-    _module().start(describe, check, owner)
+def start(
+    describe: Describe,
+    check: Check,
+    owner: str,
+    *,
+    user_code: Callable[[Any], bool] | None = None,
+    module_calls: tuple[Any, ...] = (),
+    stop_frame: Any = None,
+    ranges: tuple[str, ...] = (),
+    values: bool = False,
+    set_eval_frame: Callable[[Any], Any] | None = None,
+) -> None:
+    """Log every operator call on this thread (and on the threads torch hands its work to)
+    until :func:`stop`; see the module docstring. ``set_eval_frame``: torch.compile's frame
+    hook setter, switched off while the observer's Python callbacks run (else a call inside
+    a compiled function has dynamo compile them)."""
+    _module().start(
+        describe,
+        check,
+        owner,
+        user_code,
+        tuple(module_calls),
+        stop_frame,
+        tuple(ranges),
+        values,
+        set_eval_frame,
+    )
 
 
 def stop() -> Log:
-    """Stop logging this thread: ``(ops, events, error)``, ``error`` being the exception
-    ``describe`` raised (the log stops there) or ``None``."""
-    ops, events, error = _module().stop()
-    return ops, events, error
+    """Stop logging: ``(ops, threads, error)``, ``threads`` the thread that started first,
+    ``error`` the exception a callback raised (the log stops there) or ``None``."""
+    ops, threads, error = _module().stop()
+    return ops, threads, error
 
 
 def running() -> bool:

@@ -35,6 +35,30 @@ def interpreter_selected(interpret: bool) -> Iterator[None]:
         yield
 
 
+def has_active_driver() -> bool:
+    """Whether Triton finds the one device driver it needs (none on a machine with no GPU)."""
+    from triton.runtime.driver import driver
+
+    try:
+        driver.active  # noqa: B018 (made on first use; raises when no backend is active)
+    except RuntimeError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def active_driver(stand_in: Any) -> Iterator[None]:
+    """Within, ``triton.runtime.driver.active`` is ``stand_in``; Triton's own state after."""
+    from triton.runtime.driver import driver
+
+    previous = driver._active
+    driver.set_active(stand_in)
+    try:
+        yield
+    finally:
+        driver._active = previous
+
+
 def is_kernel(value: Any) -> bool:
     """Whether ``value`` is a Triton kernel object (``@triton.jit``, ``@triton.autotune``, ...);
     ``False`` without importing Triton when nothing imported it yet."""

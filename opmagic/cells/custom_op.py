@@ -36,6 +36,7 @@ import ast
 import contextlib
 import inspect
 import linecache
+import os
 import re
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -55,6 +56,7 @@ from .session import active_session, foreign_operator_message, registration_site
 
 COMPANIONS = ("fake", "setup_context", "backward", "kernel", "vmap", "autocast", "torch_dispatch")
 _UNBOUND = object()
+_OPMAGIC = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package
 
 
 @dataclass(frozen=True)
@@ -469,6 +471,10 @@ def _operator_function(tree: ast.Module, qualname: str, filename: str) -> ast.Fu
         for node in functions
         if not node.name.startswith("_") and not any(map(_is_companion, node.decorator_list))
     ]
+    # a decorator makes a function something else (a @triton.jit kernel, a benchmark made by
+    # @triton.testing.perf_report): the operator's function is a plain one, where there is one
+    plain = [node for node in candidates if not node.decorator_list]
+    candidates = plain or candidates
     if len(candidates) == 1:
         return candidates[0]
     where = label_location(filename, 1)
@@ -611,8 +617,10 @@ def _cell_error(error: BaseException, filename: str, qualname: str) -> CellSourc
             + f": {linecache.getline(filename, f.lineno or 1).strip()}"
             for f in own
         ]
-    if frames and frames[-1].filename != filename and own:
-        raised = frames[-1]
+    # where outside the cell it was raised: a library's line, never opmagic's own
+    outside = [f for f in frames if f.filename != filename and not f.filename.startswith(_OPMAGIC)]
+    if frames and frames[-1].filename != filename and own and outside:
+        raised = outside[-1]
         chain.append(
             f"    (raised in {raised.name}, {label_location(raised.filename, raised.lineno or 1)})"
         )

@@ -51,7 +51,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._torch import custom_op_state, dispatcher, library_hooks, triton
+from .._torch import compilers, custom_op_state, dispatcher, library_hooks, triton
 from ..dispatch.sites import label_location
 from ..display import Displayable
 from ..errors import ForeignOperatorError, OpmagicError
@@ -287,6 +287,7 @@ class Session:
         self._previous: CellRecord | None = None
         self._depth = 0
         self._evicted: list[tuple[library_hooks.Registration, CellRecord]] = []
+        self._dropped: set[int] = set()  # ids of evicted registrations nothing replaces
         # (new def, previous identical def, its record): C++ definitions taken over in place
         self._adopted: list[tuple[Any, Any, CellRecord]] = []
         self._stashes: dict[str, Any] = {}  # cached torch.ops packets of replaced definitions
@@ -432,6 +433,7 @@ class Session:
             self._run = self._previous = self._namespace = None
             self._evicted, self._reverted, self._states, self._bindings = [], [], {}, {}
             self._held, self._adopted, self._stashes, self._taken_over = [], [], {}, []
+            self._dropped = set()
 
     # ---------------------------------------------------------------- for other front ends
 
@@ -455,6 +457,28 @@ class Session:
         description = description or getattr(handle, "description", None) or str(handle)
         record.handles.append(TrackedHandle(handle, description, identity))
         return handle
+
+    def drop_registrations_on(self, qualnames: Iterable[str]) -> bool:
+        """Remove for the running cell the kernels and Python-side registrations that other
+        cells made on these operators (``ns::name``), as defining them again does: a C++
+        re-run that changes an operator's kernel signatures needs its dispatcher entry free
+        of them. Gone for good when the cell succeeds, back when it fails; its notes name
+        them. Whether there were any."""
+        run = self._run
+        if run is None:
+            return False
+        names = set(qualnames)
+        victims = [
+            (record, registration)
+            for record, registration in self._applied()
+            if record is not run
+            and registration.kind not in ("def", "namespace")
+            and (registration.op or "").partition(".")[0] in names
+        ]
+        for record, registration in victims:
+            self._evict(registration, record)
+            self._dropped.add(id(registration))
+        return bool(victims)
 
     def superseded(self, kind: type, identity: CellIdentity) -> Any | None:
         """The open handle of type ``kind`` that the running cell's new one, which will define
@@ -501,7 +525,10 @@ class Session:
             )
 
         notes = [
-            f"replaced cell {owner.label}'s {registration.describe()}"
+            f"dropped cell {owner.label}'s {registration.describe()} (re-run that cell to add "
+            "it again)"
+            if id(registration) in self._dropped
+            else f"replaced cell {owner.label}'s {registration.describe()}"
             for registration, owner in self._evicted
             if other(owner)
         ]
@@ -612,6 +639,9 @@ class Session:
         assert isinstance(previous_def, library_hooks.DispatcherRegistration)
         if previous_def.definition == definition:
             registration.adopt(previous_def)
+            # torch would make the operator's objects anew, failing the guards of code
+            # compiled with its previous kernels; adopted, they stay: that code must go
+            compilers.forget_all_compiled_code()
             adopted = (registration, previous_def, owner)
             self._adopted.append(adopted)
             return self._evict_for([pair for pair in others if pair is not previous], adopted)
@@ -764,6 +794,8 @@ class Session:
                 defined.add(registration.op)
             registration.discard()
         dispatcher.refresh_operators(defined)  # objects made for the failed run's definitions
+        if adopted:  # code compiled during the run used its kernels on the kept objects
+            compilers.forget_all_compiled_code()
         for change in reversed(changes):
             change.revert()
         self._release_resources(run)

@@ -4,9 +4,28 @@ from .kernels import kernels
 from .keys import KeyInfo, key_info, runtime_keys
 from .resolve import DispatchInput, Resolution, Skip, Step, resolve
 from .table import DispatchTable, OverloadTables, Registration, TableEntry, dispatch_table
-from .trace import Surprise, Surprises, TensorInfo, Trace, TracedCall, trace
+from .trace import (
+    AutogradNode,
+    CodeLocation,
+    Compilation,
+    CompiledRegion,
+    Surprise,
+    Surprises,
+    TensorInfo,
+    Trace,
+    TraceComparison,
+    TracedCall,
+    TracedGroup,
+    ValueSummary,
+    compare_traces,
+    trace,
+)
 
 __all__ = [
+    "AutogradNode",
+    "CodeLocation",
+    "Compilation",
+    "CompiledRegion",
     "DispatchInput",
     "DispatchTable",
     "KeyInfo",
@@ -20,7 +39,11 @@ __all__ = [
     "TableEntry",
     "TensorInfo",
     "Trace",
+    "TraceComparison",
     "TracedCall",
+    "TracedGroup",
+    "ValueSummary",
+    "compare_traces",
     "dispatch_table",
     "kernels",
     "key_info",

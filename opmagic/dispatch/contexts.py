@@ -71,14 +71,16 @@ class CallContext:
 
     def trace(self, op: Any, *args: Any, **kwargs: Any) -> Trace:
         """``opmagic.trace`` of one call of ``op`` inside this context: the call runs (on fake
-        tensors under ``fake``; mapped over dim 0 of its tensor arguments under ``vmap``)."""
+        tensors under ``fake``; mapped over dim 0 of its tensor arguments under ``vmap``),
+        then, when a tensor argument requires grad and an output does, its backward: the
+        gradients of the outputs' sum with respect to those arguments."""
         op, args = unbind(op, args)
         ref = op_ref(op)
         overload = ref.packet() if ref.overload is None else ref.op_overload()
         with self._entered() as convert:
             args, kwargs = _map_tensors(convert, args, kwargs)
             if not self.vmap:
-                return trace(overload, *args, **kwargs)
+                return trace(_with_backward, overload, args, kwargs)
 
             def body(*batched: torch.Tensor) -> Any:
                 """Inside vmap: the call with the BatchedTensors put back in place."""
@@ -139,6 +141,19 @@ def _faked(mode: Any, tensor: torch.Tensor) -> torch.Tensor:
             f"({type(exc).__name__}: {exc}). Turn fake off for this call, or pass a plain "
             "strided tensor."
         ) from None
+
+
+def _with_backward(op: Any, args: tuple, kwargs: dict) -> Any:
+    """``op(*args, **kwargs)``, then the gradients of its outputs' sums with respect to the
+    arguments that require grad, when there are both (what the call's backward runs)."""
+    result = op(*args, **kwargs)
+    inputs: list[torch.Tensor] = []
+    _map_tensors(lambda t: inputs.append(t) if t.requires_grad else None, args, kwargs)
+    outputs: list[torch.Tensor] = []
+    _map_tensors(lambda t: outputs.append(t) if t.requires_grad else None, (result,), {})
+    if inputs and outputs:
+        torch.autograd.grad([t.sum() for t in outputs], inputs, allow_unused=True)
+    return result
 
 
 def _same(tensor: torch.Tensor) -> torch.Tensor:

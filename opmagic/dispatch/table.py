@@ -380,6 +380,15 @@ def parse_registrations(text: str) -> list[Registration]:
     return registrations
 
 
+def definition_site(op_name: str) -> str | None:
+    """Where an operator's schema was defined, as torch records it (``registered at FILE:LINE``),
+    from the ``debug:`` line of its raw registrations."""
+    for line in dispatcher.dump_registrations(op_name).splitlines():
+        if line.startswith("debug: "):
+            return line.removeprefix("debug: ").strip() or None
+    return None
+
+
 def _registration(line: str) -> Registration | None:
     """One ``KEY[alias] (inactive): SITE :: SIGNATURE [ FLAGS ]`` line (every part after the
     key's optional), read with string methods: a regular expression took six times as long,

@@ -23,6 +23,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("dispatch", "DispatchMagics"),
     ("kernels", "KernelsMagics"),
     ("compare", "CompareMagics"),
+    ("doctor", "DoctorMagics"),
     ("trace", "TraceMagics"),
     ("diff", "DiffMagics"),
 ]

@@ -4,7 +4,9 @@ An :class:`Option` is an argparse argument as data. A bundle (a tuple of options
 applied to a magic with :func:`with_options`, as IPython's ``script_args`` does, or to an
 argparse parser with :func:`add_options`: ``%%torch_library`` and ``%%cuda_kernel`` share
 :data:`BUILD_OPTIONS`, the cell magics :data:`COMPARE_OPTIONS`, ``%%custom_op`` and
-``%%triton_op`` :data:`PYTHON_OP_OPTIONS`; ``%dispatch``, ``%%trace`` and the CLI's
+``%%triton_op`` :data:`PYTHON_OP_OPTIONS`, the cell magics that make an op
+:data:`DOCTOR_CELL_OPTIONS`, ``%doctor`` and the CLI's ``doctor`` :data:`DOCTOR_LADDER_OPTIONS`;
+``%dispatch``, ``%%trace`` and the CLI's
 ``resolve`` share :data:`CONTEXT_OPTIONS`; ``%kernels`` and the CLI's ``kernels`` share
 :data:`KERNELS_OPTIONS`. The values of options are read here too: :func:`evaluate` (a Python
 expression) and :func:`names` (a comma-separated list).
@@ -122,10 +124,7 @@ def _attach_values(parser: argparse.ArgumentParser, words: list[str]) -> list[st
     not itself one of the parser's options.
     """
     takes_one = {
-        flag
-        for action in parser._actions
-        if action.nargs is None
-        for flag in action.option_strings
+        flag for action in parser._actions if action.nargs is None for flag in action.option_strings
     }
     known = set(parser._option_string_actions)
     attached: list[str] = []
@@ -350,6 +349,53 @@ COMPARE_OPTIONS: tuple[Option, ...] = (  # of the cell magics that make an op
         },
     ),
 )
+
+
+# ---------------------------------------------------------------- the doctor
+
+DOCTOR_LADDER_OPTIONS: tuple[Option, ...] = (  # of %doctor and `python -m opmagic doctor`
+    Option(
+        ("--until",),
+        {
+            "default": None,
+            "metavar": "RUNG",
+            "help": "the last rung to climb, e.g. aot_eager (leaves out Inductor, export and "
+            "AOTInductor, which take seconds)",
+        },
+    ),
+    Option(
+        ("--rungs",),
+        {
+            "default": None,
+            "metavar": "RUNGS",
+            "help": "comma-separated rungs to climb (the others are skipped), e.g. fake,make_fx",
+        },
+    ),
+)
+
+DOCTOR_CELL_OPTIONS: tuple[Option, ...] = (  # of %%custom_op and %%triton_op
+    Option(
+        ("--doctor",),
+        {
+            "nargs": "?",
+            "const": "",
+            "default": None,
+            "metavar": "SAMPLES",
+            "help": "after the cell registered its op, diagnose it (opmagic.doctor): SAMPLES is "
+            "a Python expression for the arguments (a tuple is the argument list) or a list of "
+            "argument tuples; without it a sample is built from the schema",
+        },
+    ),
+    *DOCTOR_LADDER_OPTIONS,
+)
+
+
+def doctor_keywords(options: argparse.Namespace) -> dict[str, Any]:
+    """``opmagic.doctor``'s ``rungs`` and ``until`` from parsed :data:`DOCTOR_LADDER_OPTIONS`."""
+    return {
+        "rungs": names(options.rungs) if options.rungs is not None else None,
+        "until": options.until,
+    }
 
 
 # ---------------------------------------------------------------- C++ and CUDA builds

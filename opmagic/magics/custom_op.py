@@ -13,6 +13,7 @@ from ..cells.custom_op import CustomOpResult, custom_op_from_source
 from ..verify import check_op
 from .arguments import (
     COMPARE_OPTIONS,
+    DOCTOR_CELL_OPTIONS,
     PYTHON_OP_OPTIONS,
     check_arguments,
     mutates_args,
@@ -22,6 +23,7 @@ from .arguments import (
 )
 from .compare import compare_cell
 from .context import magic_context
+from .doctor import doctor_cell
 from .session import running_cell_number
 
 
@@ -64,6 +66,7 @@ class CustomOpMagics(Magics):
         help="comma-separated torch.Tag names for the operator, e.g. pt2_compliant_tag",
     )
     @with_options(COMPARE_OPTIONS)
+    @with_options(DOCTOR_CELL_OPTIONS)
     @cell_magic
     def custom_op(self, line: str, cell: str) -> CustomOpResult:
         """Make a PyTorch custom operator from the type-hinted function in this cell.
@@ -114,4 +117,5 @@ class CustomOpMagics(Magics):
             samples = check_arguments(args, shell.user_ns)
             if samples is not None:
                 result = dataclasses.replace(result, checks=check_op(result.op, samples))
-        return compare_cell(shell, args.compare, result, "%%custom_op")
+        compare_cell(shell, args.compare, result, "%%custom_op")
+        return doctor_cell(shell, args, result, "%%custom_op")

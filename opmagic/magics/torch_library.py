@@ -17,11 +17,19 @@ from IPython.core.magic_arguments import magic_arguments
 from IPython.display import display
 
 from ..cells.session import CellIdentity, active_session
-from ..errors import CompileError, OpmagicError
+from ..errors import CompileError, OpmagicError, RegistrationError
 from ..native import BuildProgress, LoadedLibrary, compile_library, stderr_progress
-from .arguments import BUILD_OPTIONS, COMPARE_OPTIONS, build_keywords, parse_options, with_options
+from .arguments import (
+    BUILD_OPTIONS,
+    COMPARE_OPTIONS,
+    DOCTOR_CELL_OPTIONS,
+    build_keywords,
+    parse_options,
+    with_options,
+)
 from .compare import compare_cell
 from .context import magic_context
+from .doctor import doctor_cell
 from .session import running_cell_number
 
 CELL_BODY_FIRST_LINE = 2  # line 1 of a %%torch_library cell is the magic line
@@ -66,13 +74,25 @@ def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]
     previous = session.superseded(LoadedLibrary, identity)
     in_notebook = getattr(shell, "kernel", None) is not None
     progress = _DisplayProgress() if in_notebook else stderr_progress
-    try:
-        library = build(
+
+    def attempt() -> LoadedLibrary:
+        return build(
             replace=previous,
             label=f"cell [{running_cell_number(shell)}]",
             first_line=CELL_BODY_FIRST_LINE,
             progress=progress,
         )
+
+    try:
+        try:
+            library = attempt()
+        except RegistrationError as error:
+            # kernels of other cells (a fake impl) keep an operator whose kernel signatures
+            # the edit changed: drop them, as redefining the operator does, and try again
+            defined = {op.name.partition(".")[0] for op in previous.operators} if previous else ()
+            if not (error.signature_changed and session.drop_registrations_on(defined)):
+                raise
+            library = attempt()
     except CompileError as error:
         if in_notebook:  # the errors at their lines, the log folded; no traceback after it
             progress.show(error)
@@ -93,6 +113,7 @@ class TorchLibraryMagics(Magics):
     @magic_arguments()
     @with_options(BUILD_OPTIONS)
     @with_options(COMPARE_OPTIONS)
+    @with_options(DOCTOR_CELL_OPTIONS)
     @cell_magic
     def torch_library(self, line: str, cell: str) -> LoadedLibrary:
         """Compile the cell (C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL blocks, or their
@@ -110,4 +131,5 @@ class TorchLibraryMagics(Magics):
             args = parse_options(self.torch_library, line)
             build = functools.partial(compile_library, cell, **build_keywords(args))
             library = load_library_cell(self.shell, cell, build)
-        return compare_cell(self.shell, args.compare, library, "%%torch_library")
+        compare_cell(self.shell, args.compare, library, "%%torch_library")
+        return doctor_cell(self.shell, args, library, "%%torch_library")

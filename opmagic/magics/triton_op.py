@@ -12,6 +12,7 @@ from ..errors import TritonKernelError
 from ..verify import CheckReport, check_op
 from .arguments import (
     COMPARE_OPTIONS,
+    DOCTOR_CELL_OPTIONS,
     PYTHON_OP_OPTIONS,
     check_arguments,
     mutates_args,
@@ -20,6 +21,7 @@ from .arguments import (
 )
 from .compare import compare_cell
 from .context import magic_context
+from .doctor import doctor_cell
 from .session import running_cell_number
 
 MAGIC = "%%triton_op"
@@ -39,6 +41,7 @@ class TritonOpMagics(Magics):
         "when there is a GPU; without one they always are",
     )
     @with_options(COMPARE_OPTIONS)
+    @with_options(DOCTOR_CELL_OPTIONS)
     @cell_magic
     def triton_op(self, line: str, cell: str) -> TritonOpResult:
         """Make a torch.library.triton_op from the Triton kernels and launcher in this cell.
@@ -89,7 +92,8 @@ class TritonOpMagics(Magics):
             samples = check_arguments(args, shell.user_ns)
             if samples is not None:
                 result = dataclasses.replace(result, checks=_check(result, samples))
-        return compare_cell(shell, args.compare, result, MAGIC)
+        compare_cell(shell, args.compare, result, MAGIC)
+        return doctor_cell(shell, args, result, MAGIC)
 
 
 def _check(result: TritonOpResult, samples: tuple) -> CheckReport:

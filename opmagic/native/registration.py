@@ -187,7 +187,7 @@ def _registration_error(
         else:
             previous._ended()
             text += f"\nThe previous version could not be registered again: {restored[0]}"
-    return RegistrationError(text, line=line)
+    return RegistrationError(text, line=line, signature_changed=_SIGNATURE_CHANGED in message)
 
 
 def _names_in(namespaces: Iterable[str]) -> list[str]:

@@ -141,9 +141,34 @@ def choose_mode(interpret: bool | None) -> tuple[str, str]:
 @contextlib.contextmanager
 def kernels_made_for(mode: str) -> Iterator[None]:
     """``@triton.jit`` inside makes kernels for ``mode`` (:data:`INTERPRETER` or
-    :data:`DEVICE`), whatever ``TRITON_INTERPRET`` says."""
-    with triton_internals.interpreter_selected(mode == INTERPRETER):
+    :data:`DEVICE`), whatever ``TRITON_INTERPRET`` says. Interpreted where Triton has no
+    driver, ``triton.runtime.driver.active`` answers for the CPU (:class:`InterpreterDevice`)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(triton_internals.interpreter_selected(mode == INTERPRETER))
+        if mode == INTERPRETER and not triton_internals.has_active_driver():
+            stack.enter_context(triton_internals.active_driver(InterpreterDevice()))
         yield
+
+
+class InterpreterDevice:
+    """Triton's active driver while a cell's kernels are made for the interpreter on a machine
+    with no GPU driver: the device is the CPU, as Triton's tutorials ask first
+    (``DEVICE = triton.runtime.driver.active.get_active_torch_device()``); what only a GPU
+    driver knows (``utils.get_device_properties``, a benchmarker) says why it is missing."""
+
+    def get_active_torch_device(self) -> torch.device:
+        """The device interpreted kernels run on."""
+        return torch.device("cpu")
+
+    def __getattr__(self, name: str) -> Any:
+        # an AttributeError, so that Triton's own getattr(driver, name, default) still works
+        reason = gpu_unavailable_reason() or "Triton finds no active driver"
+        raise AttributeError(
+            f"triton.runtime.driver.active.{name}: this cell's kernels run in Triton's "
+            f"interpreter on CPU tensors, and there is no GPU driver to ask ({reason}). "
+            "Replace what it would answer with fixed values (e.g. a number of programs), or "
+            "run the cell where there is a GPU."
+        )
 
 
 def keep_interpreted_op_whole(op: Any) -> None:

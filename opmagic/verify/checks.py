@@ -69,19 +69,24 @@ def check_op(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None)
         )
     op, args = unbind(op, tuple(args))  # x.add: x is the first argument
     kwargs = dict(kwargs or {})
-    if custom_op_state.is_custom_op_def(op):
-        target, opdef, name = op, op, op._qualname
-    else:
-        ref = op_ref(op)
-        if ref.overload is None:
-            ref = ref.with_overload(select_overload(ref, args, kwargs))
-        target, name = ref.op_overload(), ref.dispatcher_name
-        opdef = custom_op_state.custom_op_def(ref.qualname) if ref.overload == "" else None
+    target, opdef, name = checked_operator(op, args, kwargs)
     outcomes = torch.library.opcheck(target, args, kwargs, raise_exception=False)
     rows = [_opcheck_row(check, outcome) for check, outcome in outcomes.items()]
     if opdef is not None and custom_op_state.custom_op_parts(opdef)["backward"] is not None:
         rows.append(_gradcheck(target, args, kwargs))
     return CheckReport(name, describe_arguments(args, kwargs), tuple(rows))
+
+
+def checked_operator(op: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Any, str]:
+    """``(what to call, its CustomOpDef or None, its name)`` for an operator as
+    :func:`opmagic.resolve` takes it, a packet's overload chosen from the arguments."""
+    if custom_op_state.is_custom_op_def(op):
+        return op, op, op._qualname
+    ref = op_ref(op)
+    if ref.overload is None:
+        ref = ref.with_overload(select_overload(ref, args, kwargs))
+    opdef = custom_op_state.custom_op_def(ref.qualname) if ref.overload == "" else None
+    return ref.op_overload(), opdef, ref.dispatcher_name
 
 
 def _opcheck_row(name: str, outcome: Any) -> CheckRow:

@@ -9,13 +9,26 @@ the explorer widget lives in :mod:`opmagic.view.explorer` and is imported only w
 opened. A view formats what its result holds: it never reads the live dispatcher.
 """
 
-from . import cells, compare, cuda, diff, frames, library, resolution, table, trace, triton
+from . import (
+    cells,
+    compare,
+    cuda,
+    diff,
+    doctor,
+    frames,
+    library,
+    resolution,
+    table,
+    trace,
+    triton,
+)
 
 __all__ = [
     "cells",
     "compare",
     "cuda",
     "diff",
+    "doctor",
     "frames",
     "library",
     "resolution",

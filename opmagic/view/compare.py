@@ -334,15 +334,16 @@ def _bar(progress: SweepProgress, cells: int) -> str:
 @renders(SweepProgress, "text")
 def progress_text(progress: SweepProgress) -> str:
     """``compare ████░░░░ 3/8 cases · float32 cpu, size 4096 · 1.2 s``, or how it ended."""
+    task, unit = progress.task, progress.unit
     if progress.finished:
         if progress.stopped:
             return (
-                f"compare: stopped after {progress.done} of {progress.total} cases "
+                f"{task}: stopped after {progress.done} of {progress.total} {unit} "
                 f"({progress.elapsed:.1f} s)"
             )
-        return f"compare: {progress.total} cases in {progress.elapsed:.1f} s"
+        return f"{task}: {progress.total} {unit} in {progress.elapsed:.1f} s"
     return (
-        f"compare {_bar(progress, 20)} {progress.done}/{progress.total} cases · "
+        f"{task} {_bar(progress, 20)} {progress.done}/{progress.total} {unit} · "
         f"{progress.case} · {progress.elapsed:.1f} s"
     )
 
@@ -354,7 +355,7 @@ def progress_html(progress: SweepProgress) -> str:
         return styled(f'<span class="dim">{escape(progress_text(progress))}</span>')
     return styled(
         f'<progress value="{progress.done}" max="{progress.total}"></progress> '
-        f"{progress.done}/{progress.total} cases · {escape(progress.case)} · "
+        f"{progress.done}/{progress.total} {escape(progress.unit)} · {escape(progress.case)} · "
         f"{progress.elapsed:.1f} s"
     )
 

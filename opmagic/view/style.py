@@ -11,12 +11,26 @@ STYLESHEET = (
     "{padding:1px 8px;text-align:left;vertical-align:top;font-family:monospace;font-size:12px}"
     "div.opmagic.opmagic th{white-space:nowrap}div.opmagic .dim{color:#888}"
     "div.opmagic.opmagic pre{text-align:left;margin:2px 0;font-size:12px;line-height:1.35}"
-    ".opmagic .call{font-family:monospace;font-size:12px;white-space:nowrap}"
-    ".opmagic .calls{margin-left:10px;padding-left:8px;border-left:1px solid #ddd}"
-    ".opmagic .call .op{font-weight:bold}.opmagic .call .time{color:#555}"
-    ".opmagic div.call{padding-left:14px}"
+    ".opmagic .call,.opmagic .group,.opmagic .module{font-family:monospace;font-size:12px;"
+    "white-space:nowrap}"
+    ".opmagic .calls{margin-left:6px;padding-left:6px;border-left:1px solid #ddd}"
+    ".opmagic .op{font-weight:bold}.opmagic .time{color:#555}"
+    # a tree row: what it is, cut with an ellipsis at the pane's edge, then its time, in view
+    ".opmagic .row{display:flex;gap:8px;align-items:baseline}"
+    ".opmagic .row .main{flex:1 1 auto;min-width:0;overflow:hidden;text-overflow:ellipsis}"
+    ".opmagic .row .time{flex:none}"
+    ".opmagic summary.row{list-style:none;cursor:pointer}"
+    ".opmagic summary.row::-webkit-details-marker{display:none}"
+    '.opmagic summary.row::before{content:"▸";flex:none;color:#888}'
+    '.opmagic details[open]>summary.row::before{content:"▾"}'
+    ".opmagic .leaf>.row{padding-left:14px}.opmagic .group>.row .op{color:#6a1b9a}"
+    ".opmagic .under{white-space:normal;padding-left:22px;color:#555}"
+    ".opmagic .once{color:#ef6c00}"
+    ".opmagic details.section>summary{font-weight:bold;margin-top:4px}"
+    ".opmagic table.wraps td{white-space:normal}"
+    ".opmagic table.wraps td:last-child{overflow-wrap:anywhere}"
     ".opmagic .headline{white-space:normal;font-weight:bold}"  # a summary wraps where it is shown
-    # long call rows scroll in their pane, which takes the width it is given, not theirs
+    # the tree takes the width it is given, not its rows'
     ".opmagic .calls-pane{overflow-x:auto;contain:inline-size}</style>"
 )
 

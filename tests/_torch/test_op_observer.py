@@ -1,4 +1,5 @@
-"""The operator observer shim: a log of every operator call on this thread, against real calls."""
+"""The operator observer shim: a log of every operator call on this thread (and on the threads
+torch hands its work to), against real calls."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from opmagic._torch import op_observer
+from opmagic._torch.modules import module_call_codes
 from opmagic.errors import CacheDirectoryError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,32 +34,46 @@ class Describer:
             raise ValueError(f"refusing {name}")
         self.questions.append((name, overload, inputs, decides))
         torch.ones(1)  # ops the callback runs itself are not logged
-        return len(self.questions) - 1, ("summary",) if decides else None
+        return len(self.questions) - 1, ("summary",) if decides else None, 0
 
 
 def observe(
-    fn, describe: Describer | None = None, still_valid: bool = False
+    fn, describe: Describer | None = None, still_valid: bool = False, **options: Any
 ) -> tuple[list, list, Any, Describer]:
-    """Log ``fn()``; ``still_valid``: what ``check`` answers (False: ask about every call)."""
+    """Log ``fn()``; ``still_valid``: what ``check`` answers (False: ask about every call).
+    Returns the tracing thread's events."""
+    ops, threads, error, describe = observe_threads(fn, describe, still_valid, **options)
+    return ops, threads[0][3], error, describe
+
+
+def observe_threads(
+    fn, describe: Describer | None = None, still_valid: bool = False, **options: Any
+) -> tuple[list, list, Any, Describer]:
+    """Log ``fn()``: every thread's log."""
     describe = describe or Describer()
-    op_observer.start(describe, lambda op, name, overload: still_valid, "tests")
+    op_observer.start(describe, lambda op, name, overload: still_valid, "tests", **options)
     try:
         fn()
     finally:
-        ops, events, error = op_observer.stop()
-    return ops, events, error, describe
+        ops, threads, error = op_observer.stop()
+    return ops, threads, error, describe
 
 
 def nesting(ops: list, events: list) -> list[str]:
-    """The log as indented operator names."""
+    """The log as indented names: operators, and ranges and nodes in brackets."""
     depth, lines = 0, []
-    for op, _, _, _, _ in events:
-        if op >= 0:
-            name, overload = ops[op]
-            lines.append("  " * depth + (f"{name}.{overload}" if overload else name))
-            depth += 1
-        else:
+    for event in events:
+        kind = event[0]
+        if kind == op_observer.EXIT:
             depth -= 1
+            continue
+        if kind >= 0:
+            name, overload = ops[kind]
+            label = f"{name}.{overload}" if overload else name
+        else:
+            label = f"[{event[1]}]"
+        lines.append("  " * depth + label)
+        depth += 1
     return lines
 
 
@@ -149,7 +165,7 @@ def test_an_exception_leaving_a_call_marks_its_exit() -> None:
             torch.ones(2) @ torch.ones(3)
 
     _, events, _, _ = observe(calls)
-    exits = [e[1] for e in events if e[0] < 0]
+    exits = [e[1] for e in events if e[0] == op_observer.EXIT]
     assert exits[-1] is True  # matmul raised
     assert exits[0] is False  # the first torch.ones returned
 
@@ -163,11 +179,163 @@ def test_an_exception_in_describe_stops_the_log_and_is_handed_back() -> None:
     assert not op_observer.running()
 
 
-def test_other_threads_are_not_logged() -> None:
+def test_threads_torch_did_not_hand_work_to_are_not_logged() -> None:
     worker = threading.Thread(target=lambda: torch.ones(2).cos())
-    ops, _, _, _ = observe(lambda: (worker.start(), worker.join(), torch.ones(1).sin()))
+    ops, threads, _, _ = observe_threads(
+        lambda: (worker.start(), worker.join(), torch.ones(1).sin())
+    )
     names = {name for name, _ in ops}
     assert "aten::sin" in names and "aten::cos" not in names
+    assert len(threads) == 1
+
+
+def test_autograd_nodes_and_the_engines_ranges_are_logged_with_their_numbers() -> None:
+    """A node's record carries the sequence number its forward call carried, and the thread
+    that made it; the engine's evaluate_function range holds the node (a range asked for)."""
+    x = torch.randn(3, requires_grad=True)
+    ranges = ("autograd::engine::evaluate_function: ",)
+    ops, events, error, _ = observe(lambda: x.sin().sum().backward(), ranges=ranges)
+    assert error is None
+    lines = nesting(ops, events)
+    assert "[autograd::engine::evaluate_function: SinBackward0]" in lines
+    assert "  [SinBackward0]" in lines  # the node inside the engine's range
+    sin = next(e for e in events if e[0] >= 0 and ops[e[0]] == ("aten::sin", ""))
+    node = next(e for e in events if e[0] == op_observer.NODE and e[1] == "SinBackward0")
+    assert sin[5] >= 0 and node[5] == sin[5]  # the sequence number ties them
+    assert node[7] == next(iter(threads_of(ops, events)))  # the forward thread
+    _, plain, _, _ = observe(lambda: x.sin().sum().backward())  # ranges not asked for
+    assert not [e for e in plain if e[0] == op_observer.RANGE]
+
+
+def threads_of(ops: list, events: list) -> set[int]:
+    """The RecordFunction thread ids the nodes of a log name as their forward threads."""
+    return {e[7] for e in events if e[0] == op_observer.NODE}
+
+
+def test_calls_on_threads_torch_hands_work_to_get_logs_of_their_own() -> None:
+    """The autograd engine runs a backward re-entered deeply on a thread of its pool, with
+    the caller's thread-local state: the observer's callbacks with it."""
+
+    class Reenter(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, depth):
+            ctx.depth = depth
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            if ctx.depth > 0:
+                with torch.enable_grad():
+                    y = torch.ones(1, requires_grad=True)
+                    torch.autograd.grad(Reenter.apply(y, ctx.depth - 1).sum(), y)
+            return grad.cos(), None
+
+    x = torch.ones(1, requires_grad=True)
+    ops, threads, error, _ = observe_threads(lambda: Reenter.apply(x, 80).sum().backward())
+    assert error is None and len(threads) == 2
+    (main, _, main_id, _), (other, _, other_id, events) = threads
+    assert main == threading.get_native_id() and other != main and other_id != main_id
+    assert "aten::cos" in {ops[e[0]][0] for e in events if e[0] >= 0}
+
+
+def test_origins_name_the_users_frame_and_the_modules_inside_the_stop_frame() -> None:
+    layer = torch.nn.Linear(3, 2)
+    model = torch.nn.Sequential(layer)
+    x = torch.randn(1, 3)
+
+    def code(frame_code) -> bool:
+        return frame_code.co_filename == __file__
+
+    def run() -> None:
+        model(x)
+
+    stop = sys._getframe()
+    ops, events, _, _ = observe(
+        run, user_code=code, module_calls=module_call_codes(), stop_frame=stop
+    )
+    linear = next(e for e in events if e[0] >= 0 and ops[e[0]] == ("aten::linear", ""))
+    frame_code, line, modules = linear[6]
+    assert frame_code is run.__code__ and line == run.__code__.co_firstlineno + 1
+    assert modules == (model, layer)  # outermost first
+    inner = events[events.index(linear) + 1]  # linear's first call: a C++ kernel's, inherited
+    assert inner[0] >= 0 and inner[6] is None
+
+
+def test_modules_around_the_stop_frame_are_not_read() -> None:
+    found = {}
+
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor) -> None:
+            stop = sys._getframe()  # a trace started in here: Outer runs around it
+            found["log"] = observe(
+                lambda: self.layer(x),
+                module_calls=module_call_codes(),
+                stop_frame=stop,
+                user_code=lambda c: c.co_filename == __file__,
+            )
+
+    outer = Outer()
+    outer(torch.randn(1, 3))
+    ops, events, _, _ = found["log"]
+    linear = next(e for e in events if e[0] >= 0 and ops[e[0]] == ("aten::linear", ""))
+    assert linear[6][2] == (outer.layer,)
+
+
+def test_a_python_kernels_calls_read_their_own_origin() -> None:
+    @torch.library.custom_op("opmagic_observer_test::clip", mutates_args=())
+    def clip(x: torch.Tensor) -> torch.Tensor:
+        return x.clamp(-1, 1)
+
+    class Flags(Describer):
+        def __call__(self, op, name, overload, inputs, decides):
+            segment, summary, _ = super().__call__(op, name, overload, inputs, decides)
+            return segment, summary, op_observer.RUNS_PYTHON if "clip" in name else 0
+
+    ops, events, _, _ = observe(
+        lambda: clip(torch.randn(2)), Flags(), user_code=lambda c: c.co_filename == __file__
+    )
+    clamp = next(e for e in events if e[0] >= 0 and ops[e[0]] == ("aten::clamp", ""))
+    assert clamp[6][0].co_name == "clip"
+
+
+def test_values_summarise_outputs_below_autograd() -> None:
+    x = torch.tensor([1.0, -2.0, 4.0], requires_grad=True)
+
+    def calls() -> None:
+        y = x * 2
+        z = y.sin()
+        assert z.grad_fn._sequence_nr() - y.grad_fn._sequence_nr() == 1  # none taken between
+
+    ops, events, error, _ = observe(calls, values=True)
+    assert error is None
+    mul = events.index(next(e for e in events if e[0] >= 0 and ops[e[0]][0] == "aten::mul"))
+    depth, exit_event = 0, None
+    for event in events[mul + 1 :]:
+        depth += 1 if event[0] != op_observer.EXIT else -1
+        if depth < 0:
+            exit_event = event
+            break
+    ((tensor, numbers),) = exit_event[4]
+    assert tensor == (torch.float32, "cpu", (3,), True)
+    assert numbers == pytest.approx((-4.0, 8.0, 2.0))
+
+
+def test_hidden_calls_are_counted_not_logged_and_not_remembered() -> None:
+    class Hider(Describer):
+        def __call__(self, op, name, overload, inputs, decides):
+            segment, summary, _ = super().__call__(op, name, overload, inputs, decides)
+            return segment, summary, op_observer.HIDE if name == "aten::linear" else 0
+
+    x, w = torch.randn(2, 3), torch.randn(4, 3)
+    _, events, _, _ = observe(lambda: torch.nn.functional.linear(x, w), Hider())
+    assert [e[0] for e in events] == [op_observer.HIDDEN, op_observer.EXIT]
+    assert events[1][5] >= 2  # linear's calls (t, matmul, ...) counted, not logged
+    _, _, _, asked = observe(lambda: torch.nn.functional.linear(x, w), still_valid=True)
+    assert any(q[0] == "aten::linear" for q in asked.questions)  # "hide" was not kept
 
 
 def test_refuses_a_second_observer_on_the_thread() -> None:
@@ -231,6 +399,7 @@ BACKGROUND_BUILD = """
 import sys, threading
 from IPython.core.interactiveshell import InteractiveShell
 from opmagic._torch import op_observer
+from opmagic._torch.modules import module_call_codes
 
 shell = InteractiveShell.instance()
 shell.run_line_magic("load_ext", "opmagic")
@@ -271,6 +440,7 @@ def test_load_ext_builds_the_observer_in_the_background_and_the_first_trace_wait
 TRACE = """
 import torch, opmagic
 from opmagic._torch import op_observer
+from opmagic._torch.modules import module_call_codes
 t = opmagic.trace(torch.add, torch.ones(2), torch.ones(2))
 print(op_observer.build_directory())
 """

@@ -57,6 +57,17 @@ def test_interpreter_selected_decides_what_jit_makes_and_restores_the_knob():
     assert triton.knobs.runtime.interpret is (before == "1")
 
 
+def test_active_driver_stands_in_for_triton_s_driver_and_gives_it_back():
+    from triton.runtime import driver
+
+    stand_in = object()
+    found = shim.has_active_driver()
+    with shim.active_driver(stand_in):
+        assert driver.active is stand_in and shim.has_active_driver()
+    assert shim.has_active_driver() is found  # Triton's own answer again
+    assert found is torch.cuda.is_available()  # a driver for the GPU, and only for one
+
+
 def test_launched_kernel_and_kernel_function_see_through_autotune():
     kernel = _interpreted(_add)
     tuned = triton.autotune([triton.Config({"BLOCK": 4})], key=[])(kernel)

@@ -189,6 +189,33 @@ def test_an_identical_redefinition_keeps_the_same_overload_objects(cells: Cells)
     assert cells.ns["f"]._opoverload is overload
 
 
+FAKE_OP = """
+@torch.library.custom_op("t_compiled::f", mutates_args=())
+def f(x: Tensor) -> Tensor:
+    return x.repeat({copies})
+
+@f.register_fake
+def _(x):
+    traced.append({copies})
+    return x.new_empty(x.shape[0] * {copies})
+"""
+
+
+@pytest.mark.slow
+def test_an_identical_redefinition_retraces_code_compiled_with_the_previous_one(
+    cells: Cells,
+) -> None:
+    """torch.compile guards a compiled call on the OpOverloads it saw, which a re-run keeps:
+    code traced with the previous fake impl traces again, as after a new definition."""
+    cells.run("traced = []")
+    cells.run(FAKE_OP.format(copies=1), "op")
+    cells.run("compiled = torch.compile(lambda x: f(x) * 2, backend='eager')")
+    assert cells.eval("compiled(torch.ones(2))").tolist() == [2.0, 2.0]
+    cells.run(FAKE_OP.format(copies=2), "op")
+    assert cells.eval("compiled(torch.ones(2))").tolist() == [2.0] * 4
+    assert cells.eval("traced") == [1, 2]  # the new fake impl saw the call
+
+
 def test_a_failing_rerun_that_changed_the_schema_restores_a_working_op(cells: Cells) -> None:
     cells.run(AUTOGRAD_OP.format(extra=""), "c")
     opdef, overload = cells.ns["f"], torch.ops.t_schema.f.default
@@ -224,6 +251,26 @@ def test_a_failing_rerun_restores_every_way_into_the_op(cells: Cells) -> None:
             assert vars(overload)[name] is not None and vars(overload)[name] is not stale, name
     if before["_pyobj_dispatcher"] is not None:  # calls take the shortcut again
         assert overload._op is not overload._cpp_dispatch_handle
+
+
+def test_registrations_dropped_for_a_cell_go_when_it_succeeds_and_return_when_it_fails(
+    cells: Cells,
+) -> None:
+    """What a C++ re-run that changes kernel signatures asks for: other cells' kernels on
+    the operators go with the run, as a redefinition's do."""
+    cells.run("import opmagic")
+    cells.run('torch.library.define("t_drop::f", "(Tensor x) -> Tensor")', "def")
+    cells.run('torch.library.impl("t_drop::f", "cpu", lambda x: x + 1)', "impl")
+    drop = 'assert opmagic.active_session().drop_registrations_on(["t_drop::f", "t_drop::g"])\n'
+    cells.fail(drop + "raise ValueError('the edit failed')", "cxx")
+    assert torch.ops.t_drop.f(torch.zeros(1)).item() == 1  # back
+    run = cells.run(drop + "notes = opmagic.active_session().displaced()", "cxx")
+    assert run.success and not torch._C._dispatch_has_kernel_for_dispatch_key("t_drop::f", "CPU")
+    (note,) = cells.ns["notes"]
+    assert note.startswith("dropped cell ") and note.endswith(
+        "'s CPU kernel for t_drop::f (re-run that cell to add it again)"
+    )
+    assert not cells.eval('opmagic.active_session().drop_registrations_on(["t_drop::f"])')
 
 
 def test_an_op_defined_twice_in_one_cell_keeps_the_second(cells: Cells, dump) -> None:

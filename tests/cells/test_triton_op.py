@@ -155,6 +155,58 @@ def test_the_fused_softmax_tutorial_runs_on_an_irregular_shape():
     torch.testing.assert_close(namespace["softmax"](x), torch.softmax(x, dim=1))
 
 
+# Triton's vector-add tutorial as it is today: the device asked of Triton's driver first, the
+# launcher named unlike the op, a launch without wrap_triton, the benchmark at the end
+DEVICE_TUTORIAL = """
+import torch
+import triton
+import triton.language as tl
+
+DEVICE = triton.runtime.driver.active.get_active_torch_device()
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, output_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(axis=0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    output = tl.load(x_ptr + offsets, mask=mask) + tl.load(y_ptr + offsets, mask=mask)
+    tl.store(output_ptr + offsets, output, mask=mask)
+
+def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    output = torch.empty_like(x)
+    assert x.device == DEVICE and y.device == DEVICE and output.device == DEVICE
+    n_elements = output.numel()
+    grid = lambda meta: (triton.cdiv(n_elements, meta['BLOCK_SIZE']), )
+    add_kernel[grid](x, y, output, n_elements, BLOCK_SIZE=1024)
+    return output
+
+@triton.testing.perf_report(
+    triton.testing.Benchmark(x_names=['size'], x_vals=[2**12], line_arg='provider',
+                             line_vals=['triton'], line_names=['Triton'], plot_name='add',
+                             args={}, ylabel='GB/s'))
+def benchmark(size, provider):
+    return 0.0
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU driver answers for its device")
+def test_the_tutorial_as_written_runs_in_the_interpreter_its_device_the_cpu():
+    from triton.runtime import driver
+
+    namespace: dict = {}
+    result = triton_op_from_source(DEVICE_TUTORIAL, fresh("vector_add"), namespace=namespace)
+    assert result.mode == "interpreter" and namespace["DEVICE"] == torch.device("cpu")
+    x = torch.rand(98432, device=namespace["DEVICE"])
+    torch.testing.assert_close(namespace["add"](x, x), x + x)
+    with pytest.raises(RuntimeError, match="0 active drivers"):  # Triton's own answer again
+        driver.active  # noqa: B018
+    source = DEVICE_TUTORIAL.replace("\nDEVICE =", "\ndriver.active.utils\nDEVICE =")
+    source = source.replace("import triton\n", "import triton\nfrom triton.runtime import driver\n")
+    refused = r":7: AttributeError: .*active\.utils: this"
+    with pytest.raises(CellSourceError, match=refused) as error:
+        triton_op_from_source(source, fresh("vector_add"), namespace={})
+    assert "raised in" not in str(error.value)  # opmagic's own frame is no place to look at
+
+
 def test_pytorchs_tutorial_example_with_its_autograd_formula():
     namespace = {"torch": torch}
     name = fresh("mysin")

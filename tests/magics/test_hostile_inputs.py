@@ -216,6 +216,14 @@ def test_generated_dispatch_calls(shell, call, options):
     _earlier_ops_work()
 
 
+@pytest.mark.slow
+@settings(_SETTINGS, max_examples=40)  # each call that resolves climbs rungs: fewer examples
+@given(call=_CALL, options=st.sampled_from(["--until fake", "--rungs schema,fake", "--until"]))
+def test_generated_doctor_calls(shell, call, options):
+    _run(shell, f"%doctor {options} {call}")
+    _earlier_ops_work()
+
+
 _STATEMENT = st.sampled_from(
     [
         "x = 1",

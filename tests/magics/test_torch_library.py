@@ -11,6 +11,7 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from opmagic import active_session
 from opmagic._torch import dispatcher
@@ -20,7 +21,7 @@ from opmagic.magics.torch_library import TorchLibraryMagics
 from opmagic.native import LoadedLibrary, compile_library, precompile_headers
 from opmagic.native.headers import precompile_headers_in_background
 
-from ..native.sources import op_source, reload_variant, stable_op_source
+from ..native.sources import MINIMAL_INCLUDES, op_source, reload_variant, stable_op_source
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +131,43 @@ def test_a_registration_error_names_the_cell_line_and_keeps_the_previous_version
     shown = " ".join(captured.stdout.split())  # wrapped to the terminal's width
     assert ", line 5: Tried to register an operator (mg_reg::scale" in shown
     assert shell.run_cell("torch.ops.mg_reg.scale(torch.ones(1)).item()").result == 2.0
+
+
+@pytest.mark.slow
+def test_an_edit_that_changes_kernel_signatures_drops_other_cells_kernels_on_the_op(
+    shell, magics
+):
+    """The tutorials' flow: a C++ cell, a Python cell with the operator's fake impl, then the
+    C++ cell edited to take one more argument. The fake impl's Meta kernel kept the operator's
+    dispatcher entry, which remembers the old kernel signature: it goes, as when a cell
+    redefines the operator, and comes back when the edited cell fails all the same."""
+    fake = 'torch.library.register_fake("mg_sig::scale", lambda x, n=3: torch.empty_like(x))'
+    edited = op_source(
+        "mg_sig",
+        schema="scale(Tensor x, int n=3) -> Tensor",
+        kernel="at::Tensor scale(const at::Tensor& x, int64_t n) { return x.mul(n); }",
+    )
+    assert run(shell, "", op_source("mg_sig"), cell_id="mg-sig").success
+    assert shell.run_cell(fake, cell_id="mg-sig-fake").success
+    result = run(shell, "", edited, cell_id="mg-sig")
+    assert result.success, result.error_in_exec
+    assert torch.ops.mg_sig.scale(torch.ones(1)).item() == 3.0
+    dropped = "fake impl for mg_sig::scale (re-run that cell to add it again)"
+    assert any(n.startswith("dropped cell") and n.endswith(dropped) for n in result.result.notes)
+
+    # a kernel of the old signature in another C++ cell: the edit fails, the fake impl stays
+    magics.shell.run_line_magic("unload_ext", "opmagic")
+    magics.shell.run_line_magic("load_ext", "opmagic")
+    assert run(shell, "", op_source("mg_sig"), cell_id="mg-sig").success
+    assert shell.run_cell(fake, cell_id="mg-sig-fake").success
+    old_kernel = MINIMAL_INCLUDES + (
+        "at::Tensor keep(const at::Tensor& x) { return x; }\n"
+        'TORCH_LIBRARY_IMPL(mg_sig, AutocastCPU, m) {\n  m.impl("scale", keep);\n}\n'
+    )
+    assert run(shell, "", old_kernel, cell_id="mg-sig-autocast").success
+    assert isinstance(run(shell, "", edited, cell_id="mg-sig").error_in_exec, RegistrationError)
+    with FakeTensorMode():
+        assert torch.ops.mg_sig.scale(torch.ones(2)).shape == (2,)
 
 
 def test_without_cell_ids_a_cell_is_recognised_by_the_namespace_it_defines(shell, magics):

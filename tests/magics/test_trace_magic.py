@@ -57,3 +57,20 @@ def test_vmap_is_refused_with_a_clear_message(shell) -> None:
 def test_bad_output_name(shell) -> None:
     with pytest.raises(UsageError, match="variable name"):
         shell.shell.run_cell_magic("trace", "-o 1x", "x.sin()")
+
+
+def test_calls_name_the_cell_line_that_made_them(shell) -> None:
+    shell.run("def double(v):\n    return v * 2")
+    traced = shell.run("%%trace\ny = double(x)\ny.sin()").result
+    mul, sin = traced.calls
+    assert mul.called_from.function == "double"
+    assert mul.called_from.label.startswith("cell [") and mul.called_from.label.endswith(", line 2")
+    assert sin.called_from.label.endswith(", line 3")  # the magic's own line is line 1
+    assert sin.called_from.label.split(",")[0] != mul.called_from.label.split(",")[0]
+
+
+def test_values_and_warmup_are_traces_own(shell) -> None:
+    shell.run("calls = []")
+    traced = shell.run("%%trace --values --warmup\ncalls.append(1)\nx.cos()").result
+    assert traced.values and traced.calls[0].outputs is not None
+    assert shell.ns["calls"] == [1, 1]  # the cell ran twice: once before tracing

@@ -77,7 +77,7 @@ def select_overload(ref: OpRef, args: tuple, kwargs: dict) -> str:
     """
     try:
         chosen = dispatcher.select_overload(ref.qualname, args, kwargs)
-    except (RuntimeError, OverflowError):  # an int too big for any overload, say
+    except (RuntimeError, OverflowError):  # no overload takes them (an int beyond int64)
         chosen = None
     chosen = "" if chosen == "default" else chosen
     if chosen is not None and dispatcher.has_operator(ref.with_overload(chosen).dispatcher_name):

@@ -17,15 +17,36 @@ arguments looked like), ``surprises`` (what deserves a second look), ``result``
 """
 
 from .arguments import TensorInfo
+from .compare import TraceComparison, TracedValue, compare_traces
 from .recording import prepare_in_background, trace
-from .result import Surprise, Surprises, Trace, TracedCall
+from .result import (
+    AutogradNode,
+    CodeLocation,
+    Compilation,
+    CompiledRegion,
+    Surprise,
+    Surprises,
+    Trace,
+    TracedCall,
+    TracedGroup,
+    ValueSummary,
+)
 
 __all__ = [
+    "AutogradNode",
+    "CodeLocation",
+    "Compilation",
+    "CompiledRegion",
     "Surprise",
     "Surprises",
     "TensorInfo",
     "Trace",
+    "TraceComparison",
     "TracedCall",
+    "TracedGroup",
+    "TracedValue",
+    "ValueSummary",
+    "compare_traces",
     "prepare_in_background",
     "trace",
 ]

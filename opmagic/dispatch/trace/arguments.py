@@ -58,6 +58,7 @@ class OpInfo(NamedTuple):
     parameters: tuple[OpParameter, ...]
     selectors: tuple[int, ...]  # positions of device/dtype/layout arguments (BackendSelect)
     enums: tuple[tuple[int, tuple[Any, ...]], ...]  # (position, objects by value) of enum args
+    views: bool  # every output is a view of an input (returns ``Tensor(a)``, not written)
 
 
 class Summarised(tuple):
@@ -87,8 +88,12 @@ def op_info(name: str, overload: str) -> OpInfo:
             for kind in tables
             if real in (kind, f"Optional[{kind}]")
         )
+        returns = list(schema.returns) if schema else []
+        views = bool(returns) and all(
+            r.alias_info is not None and not r.alias_info.is_write for r in returns
+        )
         found = _ops[(name, overload)] = OpInfo(
-            op, f"{name}.{overload}" if overload else name, parameters, selectors, enums
+            op, f"{name}.{overload}" if overload else name, parameters, selectors, enums, views
         )
     return found
 

@@ -1,8 +1,11 @@
-"""What ``trace`` returns: the calls as a tree (:class:`TracedCall`), the :class:`Trace` holding
-them, and the :class:`Surprises` worked out when the trace finished.
+"""What ``trace`` returns: the calls as a tree (:class:`TracedCall`), the groups that ran some
+of them (:class:`AutogradNode`, :class:`CompiledRegion`, :class:`Compilation`), the
+:class:`Trace` holding them, and the :class:`Surprises` worked out when the trace finished.
 
 A trace is a snapshot: everything its views show was recorded or worked out while tracing, so
-it displays the same after the traced operators are redefined or unregistered.
+it displays the same after the traced operators are redefined or unregistered. The links
+between a backward call, its autograd node and the forward call that made the node are set
+while the trace is finished, before it is handed out.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from ...display import Displayable
 from ..resolve import Step
@@ -30,7 +33,7 @@ class TracedCall(Displayable):
 
     op: str  # "ns::name.overload" ("ns::name" for the default overload), as resolve names it
     steps: tuple[Step, ...]  # as Resolution.steps, across the kernels that called the op again
-    children: tuple[TracedCall, ...]  # calls made while this call's kernels ran, in order
+    children: tuple[TracedItem, ...]  # calls (and groups) made while its kernels ran, in order
     error: str | None  # why dispatch failed, or the exception the call raised
     raised: bool  # the call ended by raising (the exception may have been caught above it)
     context: tuple[str, ...]  # the thread-local state that mattered, in words
@@ -40,7 +43,26 @@ class TracedCall(Displayable):
     # what code outside the dispatcher noted while this call's kernels ran (dispatch.notes),
     # e.g. the Triton kernels a triton_op's launcher launched, in order
     notes: tuple[Any, ...] = ()
+    called_from: CodeLocation | None = None  # the frame of the user's code that made it
+    module: str | None = None  # the nn.Module path running it ("" the outermost), or None
+    module_type: str | None = None  # that module's class name
+    thread: str | None = None  # the thread it ran on, None for the thread that traced
+    outputs: tuple[Output, ...] | None = None  # per output, with trace(..., values=True)
+    first_call: str | None = None  # a one-time cost it paid ("loaded 897 Python modules")
     _log: Any = field(default=None, repr=False, compare=False)  # (op info, logged arguments)
+    # links, set when the trace is finished:
+    node: AutogradNode | None = field(default=None, repr=False, compare=False)
+    backward: tuple[AutogradNode, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def phase(self) -> str:
+        """``"backward"`` for a call an autograd node made, else ``"forward"``."""
+        return "forward" if self.node is None else "backward"
+
+    @property
+    def backward_of(self) -> TracedCall | None:
+        """For a backward call: the forward call whose autograd node made it (if traced)."""
+        return None if self.node is None else self.node.forward
 
     @functools.cached_property
     def arguments(self) -> tuple[Any, ...]:
@@ -100,8 +122,108 @@ class TracedCall(Displayable):
         return ", ".join(shown)
 
     def walk(self) -> Iterator[TracedCall]:
-        """This call, then every call under it, depth-first."""
-        return walk_all((self,))
+        """This call, then every call under it, depth-first (through the groups under it)."""
+        return walk_calls((self,))
+
+
+class CodeLocation(NamedTuple):
+    """A line of Python code: where a call came from, where a formula is defined."""
+
+    file: str
+    line: int
+    function: str
+    label: str  # ``cell [3], line 2`` or ``train.py:14``, named when the trace was made
+
+    def __str__(self) -> str:
+        if self.function in ("<module>", ""):
+            return self.label
+        return f"{self.label} in {self.function}"
+
+
+class ValueSummary(NamedTuple):
+    """What an output tensor held (``trace(..., values=True)``): min, max and mean (of the
+    magnitudes for complex tensors), ``None`` where they could not be read (meta, fake,
+    sparse or empty tensors)."""
+
+    tensor: TensorInfo
+    low: float | None
+    high: float | None
+    mean: float | None
+
+    def __str__(self) -> str:
+        if self.low is None:
+            return str(self.tensor)
+        return f"{self.tensor} min {self.low:.4g} max {self.high:.4g} mean {self.mean:.4g}"
+
+
+# one output of a call: a tensor's summary, a tensor list's, or None (not a tensor)
+Output = ValueSummary | tuple[ValueSummary | None, ...] | None
+
+
+@dataclass(frozen=True)
+class TracedGroup:
+    """Calls that something other than an operator ran: the base of :class:`AutogradNode`,
+    :class:`CompiledRegion` and :class:`Compilation` (views draw them alike)."""
+
+    kind: ClassVar[str] = "group"
+    name: str
+    children: tuple[TracedItem, ...]  # the calls (and groups) it ran, in order
+    time_ns: int  # wall time, tracer overhead taken out
+    depth: int
+    thread: str | None = None  # the thread it ran on, None for the thread that traced
+    raised: bool = False
+    called_from: CodeLocation | None = None
+
+    @property
+    def op(self) -> str:
+        """What the group is, as a call's ``op`` says what the call is."""
+        return f"{self.kind} {self.name}"
+
+    @property
+    def error(self) -> str | None:
+        """Groups do not fail themselves: the call that failed inside says why."""
+        return None
+
+    def walk(self) -> Iterator[TracedCall]:
+        """Every operator call under the group, depth-first."""
+        return walk_calls(self.children)
+
+
+@dataclass(frozen=True)
+class AutogradNode(TracedGroup, Displayable):
+    """An autograd node running its backward (``AddmmBackward0``): the calls its formula made
+    and those the engine made to add up the gradients it produced."""
+
+    kind: ClassVar[str] = "autograd node"
+    sequence_nr: int = -1  # the autograd sequence number it shares with its forward call
+    formula: CodeLocation | None = None  # a formula written in Python: where it is defined
+    forward: TracedCall | None = field(default=None, repr=False, compare=False)  # link
+
+
+@dataclass(frozen=True)
+class CompiledRegion(TracedGroup, Displayable):
+    """One graph torch.compile compiled, running: the operators the compiled code called at
+    run time (extern kernels, fallbacks, custom ops; fused kernels call none)."""
+
+    kind: ClassVar[str] = "compiled region"
+    compile_id: str = ""  # dynamo's frame/compile id, ``0/0``
+    function: CodeLocation | None = None  # the Python function (or resume) it compiled
+    graph_breaks: int | None = None  # graph breaks of that function, when dynamo says
+    # (custom op, what ran of it at run time) for the custom ops its graph holds
+    custom_ops: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Compilation(TracedGroup, Displayable):
+    """torch.compile compiling a graph: the operator calls it made while tracing the code
+    (on fake tensors) are counted, not recorded."""
+
+    kind: ClassVar[str] = "compiling"
+    compile_id: str = ""
+    calls: int = 0  # operator calls left out
+
+
+TracedItem = TracedCall | TracedGroup
 
 
 @dataclass(frozen=True)
@@ -136,11 +258,14 @@ NO_SURPRISES = Surprises(())
 class Trace(Displayable):
     """Every operator call a piece of code made, as a tree in call order."""
 
-    calls: tuple[TracedCall, ...] = ()  # the calls the traced code made itself, in order
+    # the calls the traced code made itself, in order, and the groups (autograd nodes,
+    # compiled regions) that ran the others
+    calls: tuple[TracedItem, ...] = ()
     time_ns: int = 0  # wall time of the traced code, tracer overhead taken out
     overhead_ns: int = 0  # time the tracer spent recording
     exception: BaseException | None = field(default=None, repr=False)  # what the code raised
     notes: tuple[Any, ...] = ()  # noted while no operator call ran (dispatch.notes)
+    values: bool = False  # outputs were summarised (trace(..., values=True))
     _value: Any = field(default=NO_RESULT, repr=False, compare=False)
     _surprises: Surprises = field(default=NO_SURPRISES, repr=False, compare=False)
 
@@ -152,8 +277,17 @@ class Trace(Displayable):
         return None if self._value is NO_RESULT else self._value
 
     def walk(self) -> Iterator[TracedCall]:
-        """Every call, depth-first: each call, then the calls under it."""
-        return walk_all(self.calls)
+        """Every operator call, depth-first: each call, then the calls under it (through the
+        autograd nodes and compiled regions that ran them)."""
+        return walk_calls(self.calls)
+
+    def nodes(self) -> tuple[AutogradNode, ...]:
+        """The autograd nodes that ran, in order (each with its calls and forward call)."""
+        return tuple(item for item in walk_all(self.calls) if isinstance(item, AutogradNode))
+
+    def regions(self) -> tuple[CompiledRegion, ...]:
+        """The compiled graphs that ran, in order, with the operators they called."""
+        return tuple(item for item in walk_all(self.calls) if isinstance(item, CompiledRegion))
 
     def __len__(self) -> int:
         return sum(1 for _ in self.walk())
@@ -172,11 +306,16 @@ class Trace(Displayable):
         return self.view("diagram")
 
 
-def walk_all(calls: tuple[TracedCall, ...]) -> Iterator[TracedCall]:
-    """Every call of ``calls`` and under them, depth-first (a stack, not nested generators:
-    traces are walked as they finish and as they are shown)."""
-    stack = list(reversed(calls))
+def walk_all(items: tuple[TracedItem, ...]) -> Iterator[TracedItem]:
+    """Every call and group of ``items`` and under them, depth-first (a stack, not nested
+    generators: traces are walked as they finish and as they are shown)."""
+    stack = list(reversed(items))
     while stack:
-        call = stack.pop()
-        yield call
-        stack.extend(reversed(call.children))
+        item = stack.pop()
+        yield item
+        stack.extend(reversed(item.children))
+
+
+def walk_calls(items: tuple[TracedItem, ...]) -> Iterator[TracedCall]:
+    """Every operator call of ``items`` and under them, depth-first."""
+    return (item for item in walk_all(items) if isinstance(item, TracedCall))

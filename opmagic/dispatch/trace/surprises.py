@@ -1,6 +1,10 @@
 """What in a trace deserves a second look: fallbacks that ran, decompositions, autocast casts,
 ops without a kernel of their own, custom operators without a fake impl or autograd.
 
+A decomposition is a surprise only where the op could have had a kernel of its own: an op with
+no kernel for any backend (``linear``, ``reshape``, ``layer_norm``: CompositeImplicitAutograd
+by design) always decomposes, and its calls stay in the tree without a line in the summary.
+
 Worked out once, when the trace finishes (the custom-op facts read the operators' registrations
 then), and kept in the :class:`~.result.Trace`: displaying a trace reads nothing live.
 """
@@ -8,18 +12,19 @@ then), and kept in the :class:`~.result.Trace`: displaying a trace reads nothing
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from ..._torch import custom_op_state, dispatcher
 from ...errors import OpmagicError
+from ..keys import key_info
 from ..ops import op_ref
 from ..sites import parse_site
-from ..table import classify, parse_computed_table
+from ..table import classify, parse_computed_table, parse_registrations
 from .arguments import TensorInfo, short_value
-from .result import Surprise, Surprises, TracedCall, walk_all
+from .result import Surprise, Surprises, TracedCall, TracedItem, walk_calls
 
 # Keys whose backend fallback is plumbing that runs for every call in its context
 ROUTINE_FALLBACKS = frozenset(
@@ -60,14 +65,18 @@ SURPRISE_ORDER = (
 )
 
 
-def find_surprises(calls: tuple[TracedCall, ...]) -> Surprises:
+def find_surprises(
+    calls: tuple[TracedItem, ...],
+    registrations: Callable[[str], str] = dispatcher.dump_registrations,
+) -> Surprises:
     """What in the call trees ``calls`` deserves a second look, one entry per (kind, op) with
-    how many calls showed it, most consequential kinds first."""
+    how many calls showed it, most consequential kinds first. ``registrations(op)``: the
+    operator's registrations as the dispatcher prints them (a recording has them at hand)."""
     found: dict[tuple[str, str], list] = {}  # (kind, op) -> [count, detail, called ops]
     ops: dict[str, None] = {}
-    for call in walk_all(calls):
+    for call in walk_calls(calls):
         ops[call.op] = None
-        for kind, detail in _call_surprises(call):
+        for kind, detail in _call_surprises(call, registrations):
             entry = found.setdefault((kind, call.op), [0, detail, {}])
             entry[0] += 1
             if kind == "decomposed":
@@ -83,11 +92,14 @@ def find_surprises(calls: tuple[TracedCall, ...]) -> Surprises:
     return Surprises(tuple(items))
 
 
-def _call_surprises(call: TracedCall) -> Iterator[tuple[str, str]]:
+def _call_surprises(
+    call: TracedCall, registrations: Callable[[str], str]
+) -> Iterator[tuple[str, str]]:
     """The surprises one call shows on its own path. Decompositions are reported for the
-    calls the traced code made itself and for custom operators; torch's own kernels call
-    composite operators all the time. Arguments are read only where a surprise needs them
-    (every trace pays for this when it finishes)."""
+    calls the traced code made itself and for custom operators (torch's own kernels call
+    composite operators all the time), unless the op has no backend kernel by design.
+    Arguments are read only where a surprise needs them (every trace pays for this when it
+    finishes)."""
     custom = _is_custom(call.op)
     for step in call.steps:
         entry = step.entry
@@ -95,7 +107,9 @@ def _call_surprises(call: TracedCall) -> Iterator[tuple[str, str]]:
         if entry.kind == "fallback" and step.key not in ROUTINE_FALLBACKS and not custom_gap:
             yield _fallback_surprise(call, step.key)
         if entry.kind == "alias" and (call.depth == 0 or custom):
-            if entry.alias == "CompositeImplicitAutograd":
+            if entry.alias == "CompositeImplicitAutograd" and not _decomposes_by_design(
+                registrations(call.op)
+            ):
                 yield (
                     "decomposed",
                     f"no {_backend(step.key, call)} kernel of its own: its "
@@ -107,9 +121,35 @@ def _call_surprises(call: TracedCall) -> Iterator[tuple[str, str]]:
                     f"no {step.key} kernel of its own: its {entry.alias} kernel ran",
                 )
         if entry.category == "autocast" and step.action == "call":
-            casts = [c for c in call.children if c.op in CAST_OPS]
+            casts = [c for c in call.children if isinstance(c, TracedCall) and c.op in CAST_OPS]
             if casts:
                 yield "autocast cast", _casts_detail(step.key, casts)
+
+
+@functools.lru_cache(maxsize=512)
+def _decomposes_by_design(registrations: str) -> bool:
+    """Whether an op with these registrations has no kernel for any dense backend (Meta
+    aside) and no CompositeExplicitAutograd kernel: it always decomposes (read once per
+    state of its registrations)."""
+    return not any(
+        not registration.fallthrough
+        and (
+            registration.key.startswith("CompositeExplicitAutograd")
+            or _is_dense_backend(registration.key)
+        )
+        for registration in parse_registrations(registrations)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _is_dense_backend(key: str) -> bool:
+    """Whether ``key`` is a dense backend's (CPU, CUDA, ...; not Meta's, which computes
+    shapes only)."""
+    try:
+        info = key_info(key)
+    except OpmagicError:  # a key this torch does not know
+        return False
+    return info.functionality == "Dense" and info.backend not in (None, "Meta")
 
 
 def _casts_detail(key: str, casts: list[TracedCall]) -> str:
@@ -129,7 +169,11 @@ def _casts_detail(key: str, casts: list[TracedCall]) -> str:
 def _decomposition(call: TracedCall) -> list[TracedCall]:
     """The calls a composite kernel made: the children, less an autocast wrapper's casts."""
     autocast = any(s.entry.category == "autocast" and s.action == "call" for s in call.steps)
-    return [c for c in call.children if not (autocast and c.op in CAST_OPS)]
+    return [
+        c
+        for c in call.children
+        if isinstance(c, TracedCall) and not (autocast and c.op in CAST_OPS)
+    ]
 
 
 def _devices(call: TracedCall) -> set[str]:
@@ -165,9 +209,7 @@ def _fallback_surprise(call: TracedCall, key: str) -> tuple[str, str]:
     if key == "Meta":
         return "fallback", "no Meta kernel: the Meta fallback ran and raised"
     foreign = sorted(_devices(call) - {"cpu", "meta"})
-    if foreign and any(
-        c.path and c.path[-1] == "CPU" for child in call.children for c in child.walk()
-    ):
+    if foreign and any(c.path and c.path[-1] == "CPU" for c in walk_calls(call.children)):
         return (
             "CPU fallback",
             f"the {key} backend fallback ran it on CPU for {', '.join(foreign)} inputs",

@@ -1,4 +1,5 @@
-"""A sweep's progress: sent to a callback, or shown as a bar once the sweep takes a moment."""
+"""A sweep's progress (compare's cases, the doctor's rungs): sent to a callback, or shown as
+a bar once the sweep takes a moment."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ class Reporter:
     """Sends a sweep's progress to a callback, or shows it once the sweep has taken
     :data:`PROGRESS_DELAY_S` (through the ``"live"`` view of :class:`SweepProgress`)."""
 
-    def __init__(self, progress: bool | ProgressCallback, total: int) -> None:
+    def __init__(
+        self,
+        progress: bool | ProgressCallback,
+        total: int,
+        task: str = "compare",
+        unit: str = "cases",
+    ) -> None:
         if not (isinstance(progress, bool) or callable(progress)):
             raise CompareError(
                 f"progress must be True (a bar), False (none) or a callable taking a "
@@ -27,17 +34,25 @@ class Reporter:
         self.callback = progress if callable(progress) else None
         self.show = progress is True
         self.total = total
+        self.task = task
+        self.unit = unit
         self.started = time.perf_counter()
         self.live: Any = None  # what shows the bar, once it is shown
 
     def report(self, done: int, case: str) -> None:
         """Case ``done + 1`` is starting."""
-        self._send(SweepProgress(done, self.total, case, self._elapsed()))
+        self._send(
+            SweepProgress(done, self.total, case, self._elapsed(), task=self.task, unit=self.unit)
+        )
 
     def finish(self, done: int) -> None:
         """The sweep ended, after ``done`` cases (fewer than planned: it was stopped)."""
         stopped = done < self.total
-        self._send(SweepProgress(done, self.total, "", self._elapsed(), True, stopped))
+        self._send(
+            SweepProgress(
+                done, self.total, "", self._elapsed(), True, stopped, self.task, self.unit
+            )
+        )
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self.started

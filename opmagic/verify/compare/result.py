@@ -185,7 +185,8 @@ class Comparison(Displayable):
 
 @dataclass(frozen=True)
 class SweepProgress(Displayable):
-    """How far a sweep is: reported before every case and when it ends."""
+    """How far a sweep is: reported before every case and when it ends (compare's cases,
+    the doctor's rungs)."""
 
     done: int  # cases finished
     total: int
@@ -193,6 +194,8 @@ class SweepProgress(Displayable):
     elapsed: float  # seconds since the sweep started
     finished: bool = False
     stopped: bool = False  # ended before every case ran (Ctrl-C, or an error)
+    task: str = "compare"  # what sweeps: "compare", "doctor"
+    unit: str = "cases"  # what it counts: "cases", "rungs"
 
 
 def case_label(dtype: str, device: str, size: int | None) -> str:

@@ -21,7 +21,7 @@ from ...dispatch.ops import all_qualnames, op_parameters, op_ref, overloads_of
 from ...dispatch.table import table_for
 from ...dispatch.trace import Trace
 from ...errors import OpmagicError
-from .samples import BATCH, ArgumentSlot, call_arguments, plan_arguments
+from ...verify.samples import BATCH, ArgumentSlot, call_arguments, plan_arguments
 
 DEFAULT_OP = "aten::add.Tensor"
 MAX_MATCHES = 50

@@ -23,11 +23,11 @@ from typing import Any
 import ipywidgets as widgets
 
 from ...errors import OpmagicError
+from ...verify.samples import DTYPES, LAYOUTS, VIEWS, ArgumentSlot, devices
 from ..resolution import answer_line, steps_html
 from ..style import FAIL_COLOUR, styled
 from ..table import listing_html
 from .model import ExplorerModel, find_ops, namespaces, warm_up
-from .samples import DTYPES, LAYOUTS, VIEWS, ArgumentSlot, devices
 
 ALL_NAMESPACES = "(all namespaces)"
 AUTOCAST_OFF = "off"
@@ -38,7 +38,8 @@ _COMPACT = {"description_width": "initial"}  # labels as wide as their text
 _WRAPPING = {"flex_flow": "row wrap", "align_items": "center"}
 _TRACE_HINT = (
     "trace runs the call on the sample inputs, in the contexts above, and shows every "
-    "operator it made: the path of each, and the calls its kernels made in turn."
+    "operator it made: the path of each, and the calls its kernels made in turn. When an "
+    "input requires grad, the call's backward runs too: its autograd nodes and their calls."
 )
 _STALE = "opacity:0.35"  # the last diagram, kept while the inputs do not make a call
 _TOGGLES = (  # (CallContext field, checkbox label)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import opmagic
+from opmagic.verify.samples import BATCH
 from opmagic.view.explorer.model import ExplorerModel, find_ops, namespaces
-from opmagic.view.explorer.samples import BATCH
 from opmagic.view.explorer.widgets import Explorer
 
 from ..svgfacts import svg_facts
@@ -145,6 +145,18 @@ def test_trace_runs_the_sample_call_in_the_contexts() -> None:
     under_autocast = model.trace()
     assert under_autocast.calls[0].path[0] == "AutocastCPU"
     assert "aten::to.dtype" in {call.op for call in under_autocast.walk()}  # its casts
+
+
+def test_trace_runs_the_backward_of_a_sample_that_requires_grad() -> None:
+    model = ExplorerModel("aten::mul.Tensor")
+    assert not model.trace().nodes()  # nothing requires grad: forward only
+    model.slots[0].tensor.requires_grad = True
+    traced = model.trace()
+    (node,) = [n for n in traced.nodes() if n.name == "MulBackward0"]
+    assert node.forward.op == "aten::mul.Tensor" and node.forward.depth == 0
+    assert [c.op for c in node.children] == ["aten::mul.Tensor"]  # grad * other
+    model.set_context(no_grad=True)
+    assert not model.trace().nodes()  # under no_grad the output needs no backward
 
 
 def test_trace_under_vmap_maps_over_the_batch() -> None:
@@ -305,6 +317,10 @@ def test_widget_trace_button_fills_the_tab() -> None:
     explorer.trace_button.click()
     text = unescape(explorer.trace_view.value)
     assert "trace: " in text and "aten::linear" in text and "autocast cast" in text
+    explorer.model.slots[0].tensor.requires_grad = True  # the input's grad checkbox
+    explorer.trace_button.click()
+    text = unescape(explorer.trace_view.value)
+    assert "backward: " in text and "autograd node" in text
     explorer.search.value = "aten::no_such_op"
     explorer.model.select("aten::no_such_op")
     explorer.trace_button.click()  # a refusal is shown in the tab, never raised

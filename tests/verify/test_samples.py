@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from opmagic.dispatch.ops import op_parameters, op_ref
-from opmagic.view.explorer.samples import (
+from opmagic.verify.samples import (
     SampleError,
     TensorSpec,
     call_arguments,

@@ -1,4 +1,5 @@
-"""Sample arguments for an operator, built from its schema: what the explorer's inputs make.
+"""Sample arguments for an operator, built from its schema: what the explorer's inputs make,
+and the doctor's samples when it is given none.
 
 Every tensor argument gets a :class:`TensorSpec` (device, dtype, requires_grad, layout,
 conj/neg view, shape); other arguments the schema requires get a Python expression to
@@ -15,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ...dispatch.ops import OpParameter
-from ...errors import OpmagicError
+from ..dispatch.ops import OpParameter
+from ..errors import OpmagicError
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
