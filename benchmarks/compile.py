@@ -1,6 +1,6 @@
 """Build times of compile_library (%%torch_library) against torch's load_inline, same run.
 
-    python benchmarks/compile.py [--repeat N]
+    python benchmarks/compile.py [--repeat N] [--short]
 
 Baselines: ``torch.utils.cpp_extension.load_inline`` (``is_python_module=False``, default
 flags, its own build directory), cold, building the same source as the opmagic figure it is
@@ -8,12 +8,14 @@ compared with: the tutorial's myadd written with ``#include <torch/extension.h>`
 op with minimal includes and ``no_implicit_headers=True``; PyTorch's current tutorial
 mymuladd on the LibTorch stable ABI, ``no_implicit_headers=True``.
 
-Targets (issue 11), as ratios to the baseline of the same source:
+Targets (issues 11 and 26), as ratios to the baseline of the same source:
 
 - the first cell on an empty cache (no precompiled headers yet: the build starts them in
-  the background once it is compiled) is never slower than load_inline: <= 1.0x;
-- a cold cell after the one-time precompiled headers: <= 0.35x for torch/extension.h, the
-  minimal one <= 0.12x of the torch/extension.h baseline, a stable-ABI cell <= 1.0x;
+  the background once it is compiled): <= 0.5x for torch/extension.h (issue 26), never
+  slower than load_inline for the others: <= 1.0x;
+- a cold cell after the one-time precompiled headers: <= 0.25x for torch/extension.h (issue
+  26), the minimal one <= 0.12x of the torch/extension.h baseline, a stable-ABI cell
+  <= 1.0x;
 - editing one line and re-running: about the cold build of that source or better;
 - re-running an unchanged source in a fresh process: <= 0.3 s (load_inline's own hit shown).
 
@@ -26,6 +28,9 @@ processes it waited for: compilers, linker, probe; not the background precompile
 under SCHED_IDLE and outlives the call). Targets are held to the CPU-time ratio: on a
 machine shared with other work, wall times follow the others' load, while on an idle one a
 build's wall time is its CPU time. Exit status 1 when a target is missed.
+
+``--short``: the torch/extension.h figures alone (first cell, cold cell, their baseline),
+one run each.
 """
 
 from __future__ import annotations
@@ -340,7 +345,10 @@ def main() -> int:
     """Measure everything, print it, and return 1 when a target is missed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs of each cheap figure")
-    repeat = parser.parse_args().repeat
+    parser.add_argument("--short", action="store_true", help="torch/extension.h alone, once")
+    options = parser.parse_args()
+    short = options.short
+    repeat = 1 if short else options.repeat
     toolchain = find_toolchain()
     print(
         f"torch {torch.__version__}, {toolchain.version.splitlines()[0]}, linker "
@@ -366,7 +374,14 @@ def main() -> int:
             lambda: run.load_inline_cold(EXTENSION_SOURCE),
         )
         line("load_inline, torch/extension.h myadd (BASELINE)", li_ext, li_ext)
-        check("opmagic, torch/extension.h myadd", first_ext, li_ext, 1.0, "<= 1.0x")
+        check("opmagic, torch/extension.h myadd", first_ext, li_ext, 0.5, "<= 0.5x")
+        if short:
+            line("one-time precompiled headers, extension source", run.precompile(EXTENSION_SOURCE))
+            print("a cold cell after that (a new source, precompiled headers ready):")
+            cold_ext = run.cold(EXTENSION_SOURCE)
+            check("opmagic, torch/extension.h myadd", cold_ext, li_ext, 0.25, "<= 0.25x")
+            print(f"missed: {', '.join(failures)}" if failures else "every target met")
+            return 1 if failures else 0
         first_min, li_min = alternate(
             repeat,
             lambda: run.first_cell(run.fresh(MINIMAL_SOURCE)),
@@ -384,11 +399,11 @@ def main() -> int:
 
         print("one-time precompiled headers (SCHED_IDLE, in the background, after the first cell):")
         for name, source in (
-            ("extension", EXTENSION_SOURCE),
-            ("core", MINIMAL_SOURCE),
-            ("stable", STABLE_SOURCE),
+            ("torch/extension.h", EXTENSION_SOURCE),  # the types set, narrowed
+            ("minimal-headers", MINIMAL_SOURCE),
+            ("stable-ABI", STABLE_SOURCE),
         ):
-            line(f"{name} set", run.precompile(source))
+            line(f"the set of the {name} source", run.precompile(source))
 
         print("a cold cell after that (a new source, precompiled headers ready):")
         cold_ext, li_ext2 = alternate(
@@ -398,7 +413,7 @@ def main() -> int:
         )
         baseline = Timing.median([li_ext, li_ext2])
         line("load_inline, torch/extension.h myadd (BASELINE, all runs)", baseline, baseline)
-        check("opmagic, torch/extension.h myadd", cold_ext, baseline, 0.35, "<= 0.35x")
+        check("opmagic, torch/extension.h myadd", cold_ext, baseline, 0.25, "<= 0.25x")
         cold_min = Timing.median(run.cold(MINIMAL_SOURCE) for _ in range(repeat))
         check("opmagic, minimal-headers myadd", cold_min, baseline, 0.12, "<= 0.12x")
         line("  the same, against load_inline of the same source", cold_min, li_min)

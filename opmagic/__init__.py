@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import view  # noqa: F401  (importing it registers the renderers)
+from . import view  # noqa: F401  (importing it says which view module draws each result type)
 from .cells.cuda_kernel import CudaKernelResult, CudaOp, cuda_kernel_from_source
 from .cells.custom_op import CustomOpResult, KernelRow, custom_op_from_source
 from .cells.session import Session, SessionReport, active_session, registration_site
@@ -59,6 +59,7 @@ from .errors import (
     CompileError,
     CudaLaunchError,
     CudaToolkitError,
+    ExportError,
     ForeignOperatorError,
     LoadError,
     NoGPUError,
@@ -83,6 +84,7 @@ from .native import (
     precompile_headers,
 )
 from .native.triton import TritonLaunch
+from .package import Export, Verification, export
 from .verify import (
     CaseResult,
     CheckReport,
@@ -160,6 +162,8 @@ __all__ = [
     "DispatchSnapshot",
     "DispatchTable",
     "DoctorSampleError",
+    "Export",
+    "ExportError",
     "Finding",
     "ForeignOperatorError",
     "KernelRow",
@@ -196,6 +200,7 @@ __all__ = [
     "UnknownDispatchKeyError",
     "UnknownOperatorError",
     "ValueSummary",
+    "Verification",
     "active_session",
     "cdiv",
     "check_op",
@@ -210,6 +215,7 @@ __all__ = [
     "dispatch_table",
     "doctor",
     "explore",
+    "export",
     "kernels",
     "key_info",
     "precompile_headers",

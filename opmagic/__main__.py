@@ -1,5 +1,6 @@
 """``python -m opmagic``: dispatch tables, call resolution, kernels, what importing a module
-changes in the dispatcher, and the doctor's diagnosis of an operator, from a terminal."""
+changes in the dispatcher, the doctor's diagnosis of an operator, and verifying an exported
+package, from a terminal."""
 
 from __future__ import annotations
 
@@ -85,6 +86,13 @@ def _parser() -> argparse.ArgumentParser:
         help="a module to import (repeat for several, imported in order)",
     )
     run.add_argument("--exec", dest="code", metavar="CODE", help="Python code to run instead")
+    verify = commands.add_parser(
+        "verify",
+        help="build a package opmagic exported, install it where opmagic is not importable and "
+        "run its tests there (exit status 1 when a step fails)",
+    )
+    verify.add_argument("directory", help="the package's directory (what opmagic.export wrote)")
+
     diff.add_argument(
         "--fail-on-aten-override",
         action="store_true",
@@ -209,6 +217,15 @@ def _diff(options: argparse.Namespace) -> tuple[str, int]:
     return diff_text(found, limit=None, show_all=show_all), status
 
 
+def _verify(options: argparse.Namespace) -> tuple[str, int]:
+    """``verify``: the exported package built, installed and tested; status 1 if it fails."""
+    from .package import verify_package
+    from .view.package import verification_text
+
+    result = verify_package(options.directory, lambda step: print(step, file=sys.stderr))
+    return verification_text(result), 0 if result.passed else 1
+
+
 def _doctor(options: argparse.Namespace) -> tuple[str, int]:
     """``doctor``: import MODULE, diagnose its ATTR on the sample ``--args``/``--kwargs`` give
     (or one built from the schema); status 1 when the diagnosis has findings."""
@@ -275,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             output = _resolve(options)
         elif options.command == "diff":
             output, status = _diff(options)
+        elif options.command == "verify":
+            output, status = _verify(options)
         elif options.command == "doctor":
             output, status = _doctor(options)
         else:

@@ -12,10 +12,16 @@ registers renderers for the types it draws, per *form*, with :func:`renders`:
 
 Renderers are looked up along the type's MRO, as IPython's ``formatters.for_type`` does, so a
 subclass is drawn like its base unless a view registers something for it.
+
+View modules are imported when first needed: :func:`renders_on_first_use` names the module
+that registers a type's renderers (by the type's dotted path), and the first lookup for that
+type imports it. So ``import opmagic`` loads no view (nor graphviz, pandas, ...) until a
+result is displayed.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -23,6 +29,8 @@ Renderer = Callable[..., Any]
 _R = TypeVar("_R", bound=Renderer)
 
 _renderers: dict[tuple[type, str], Renderer] = {}
+# "package.module.QualName" of a type -> the module that registers its renderers, not yet imported
+_first_use: dict[str, str] = {}
 
 
 def renders(cls: type, form: str) -> Callable[[_R], _R]:
@@ -36,13 +44,34 @@ def renders(cls: type, form: str) -> Callable[[_R], _R]:
     return register
 
 
+def renders_on_first_use(module: str, types: Iterable[str]) -> None:
+    """Have ``module`` imported (it registers renderers) the first time a renderer of one of
+    ``types`` is looked up; each type is named by its dotted path, ``"package.module.Class"``,
+    so that naming it imports nothing."""
+    for path in types:
+        _first_use[path] = module
+
+
 def renderer_for(obj: Any, form: str) -> Renderer | None:
-    """The renderer registered for ``obj``'s type (or its nearest base) and ``form``."""
+    """The renderer registered for ``obj``'s type (or its nearest base) and ``form``, after
+    importing the view module of any type on the way that has one still to import."""
     for cls in type(obj).__mro__:
+        if _first_use:
+            _import_views_of(cls)
         found = _renderers.get((cls, form))
         if found is not None:
             return found
     return None
+
+
+def _import_views_of(cls: type) -> None:
+    """Import the module that registers ``cls``'s renderers, if it is still to be imported
+    (forgotten only once imported: a thread looking meanwhile waits for the import)."""
+    path = f"{cls.__module__}.{cls.__qualname__}"
+    module = _first_use.get(path)
+    if module is not None:
+        importlib.import_module(module)
+        _first_use.pop(path, None)
 
 
 class NoRendererError(LookupError):
@@ -67,7 +96,8 @@ class Displayable:
         if renderer is None:
             raise NoRendererError(
                 f"No {form!r} view is registered for {type(self).__name__}: import opmagic "
-                "(which loads opmagic.view) before asking for one."
+                "(which tells this module where opmagic.view draws each type) before asking "
+                "for one."
             )
         return renderer(self, **options)
 

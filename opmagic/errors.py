@@ -131,6 +131,11 @@ class CompareError(OpmagicError, ValueError):
     """Arguments of ``compare`` that cannot make a sweep (bad inputs, dtypes, devices)."""
 
 
+class ExportError(OpmagicError, ValueError):
+    """What ``opmagic.export`` cannot make a package of: a directory it may not write, a bad
+    package name, nothing to export, cells that clash. Nothing was written."""
+
+
 class CacheDirectoryError(BuildError):
     """The build cache directory is unsafe to load from (another owner, or open to others)."""
 

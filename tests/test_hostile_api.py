@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,6 +55,7 @@ def earlier_op() -> Iterator[Any]:
 
 
 _SNAPSHOT = opmagic.snapshot()
+_EXPORT_TO = Path(tempfile.mkdtemp(prefix="hzapi-export-")) / "pkg"  # never written: no session
 _VALUED = opmagic.trace(torch.ones(2).cos, values=True)
 _DIFF = opmagic.diff(_SNAPSHOT)
 
@@ -96,6 +99,11 @@ def _base_calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
             {"source": VADD, "arch": None, "namespace": None, "label": None, "first_line": 1},
         ),
         "cdiv": (opmagic.cdiv, {"a": 10, "b": 3}),
+        "export": (
+            opmagic.export,
+            {"directory": _EXPORT_TO, "name": "hz_pkg", "version": "0.1.0", "cells": None,
+             "overwrite": False},
+        ),
         "trace": (lambda fn: opmagic.trace(fn), {"fn": torch.ones(1).sum}),
         "trace options": (
             lambda values, warmup: opmagic.trace(torch.ones(1).sum, values=values, warmup=warmup),
@@ -295,6 +303,7 @@ def test_generated_api_arguments(earlier_op, no_builds, target, value) -> None:
         call(**{**base, parameter: value})
     assert earlier_op(torch.zeros(1)).item() == 1.0
     assert torch.ops.hzapi.kept(torch.zeros(1)).item() == 1.0
+    assert not _EXPORT_TO.exists()
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from opmagic import (
     DispatchDiff,
     DispatchSnapshot,
     DispatchTable,
+    Export,
     LoadedLibrary,
     OpTableDiff,
     OverloadTables,
@@ -42,6 +43,7 @@ from opmagic import (
     TracedCall,
     TritonLaunch,
     TritonOpResult,
+    Verification,
     check_op,
     compare,
     compare_traces,
@@ -51,12 +53,14 @@ from opmagic import (
     diff,
     dispatch_table,
     doctor,
+    export,
     kernels,
     resolve,
     snapshot,
     trace,
 )
 from opmagic.display import Displayable, renderer_for
+from opmagic.package import VerifyStep
 from opmagic.view.diagram import Diagram
 from opmagic.view.frames import KernelsView
 
@@ -89,6 +93,8 @@ CHECKED = {
     AffectedCalls: "test_library_op_results_survive_destroy_and_redefinition",
     TritonOpResult: "test_a_triton_op_cell_and_its_launches_survive_a_rerun_and_unload",
     TritonLaunch: "test_a_triton_op_cell_and_its_launches_survive_a_rerun_and_unload",
+    Export: "test_cell_results_survive_a_rerun_and_unload",
+    Verification: "test_cell_results_survive_a_rerun_and_unload",
     AutogradNode: "test_backward_and_compiled_traces_survive_destroy_and_redefinition",
     CompiledRegion: "test_backward_and_compiled_traces_survive_destroy_and_redefinition",
     Compilation: "test_backward_and_compiled_traces_survive_destroy_and_redefinition",
@@ -209,10 +215,11 @@ lib.impl("passed", lambda x: x, "CPU")
 """
 
 
-def test_cell_results_survive_a_rerun_and_unload(ipython) -> None:
-    """A cell's summary, the session listing, and a table, a resolution and a trace made
-    between the runs: a re-run redefines the op (with a fake impl this time), then
-    ``%unload_ext`` removes it and the cell labels the session gave its sites."""
+def test_cell_results_survive_a_rerun_and_unload(ipython, tmp_path) -> None:
+    """A cell's summary, the session listing, an export (and a verification), and a table, a
+    resolution and a trace made between the runs: a re-run redefines the op (with a fake impl
+    this time), then ``%unload_ext`` removes it and the cell labels the session gave its
+    sites."""
     ipython.run_line_magic("load_ext", "opmagic")
     loaded = True
     try:
@@ -230,6 +237,13 @@ def test_cell_results_survive_a_rerun_and_unload(ipython) -> None:
             "trace": trace(torch.ops.snap_cell.twice, x),
             "library op": dispatch_table("snap_cell::passed"),
             "its path": resolve("snap_cell::passed", x),
+            "export": export(tmp_path / "pkg", "snap_pkg"),
+            "verification": Verification(
+                tmp_path / "pkg",
+                "snap_pkg",
+                "snap_pkg-0.1.0-py3-none-any.whl",
+                (VerifyStep("tests", "pass", 1.5, "3 passed"),),
+            ),
         }
         before = all_shown(results)
         assert "fallthrough kernel · cell [" in before["library op"]["text"]  # the session's

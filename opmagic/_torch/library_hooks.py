@@ -64,6 +64,9 @@ class RegistrationRouter(Protocol):
     def custom_op_replacing(self, qualname: str, library: Any, opdef: Any) -> None:
         """``custom_op`` is about to define ``qualname`` again (raise to refuse)."""
 
+    def opcheck_called(self, op: Any, args: tuple, kwargs: dict, test_utils: Any) -> None:
+        """``torch.library.opcheck(op, args, kwargs, test_utils=...)`` is about to run."""
+
 
 class Registration(abc.ABC):
     """One torch.library registration that can be removed and re-applied by itself."""
@@ -431,7 +434,7 @@ def install_registration_hooks(router: RegistrationRouter) -> None:
     Patches ``torch.library.Library`` (construction and every registering method),
     ``custom_op``'s library factory, which would otherwise destroy an operator's previous
     library before the session can decide whether to keep it, and ``py_impl`` (Python
-    kernels of OpOverloads).
+    kernels of OpOverloads); and ``torch.library.opcheck``, whose samples the router records.
     """
     global _router
     if _router is not None:
@@ -443,6 +446,7 @@ def install_registration_hooks(router: RegistrationRouter) -> None:
         (library, "__init__", _library_init),
         (custom_ops, "get_library_allowing_overwrite", _custom_op_library),
         (torch._ops.OperatorBase, "py_impl", _py_impl),
+        (torch.library, "opcheck", _recording_opcheck(torch.library.opcheck)),
     ]
     for name in ("define", "impl", "fallback", "_impl_with_aoti_compile"):
         patches.append((library, name, _routing_entry(getattr(library, name))))
@@ -466,6 +470,30 @@ def remove_registration_hooks() -> None:
             library.m = library.m.base
     _routed_libraries.clear()
     _router = None
+
+
+def _recording_opcheck(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.library.opcheck`` that tells the router its operator and samples first."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def opcheck(*args: Any, **kwargs: Any) -> Any:
+        router = _router
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            bound = None  # opcheck raises its own error for the call
+        if router is not None and bound is not None:
+            arguments = bound.arguments
+            router.opcheck_called(
+                arguments["op"],
+                arguments["args"],
+                arguments.get("kwargs") or {},
+                arguments.get("test_utils", signature.parameters["test_utils"].default),
+            )
+        return original(*args, **kwargs)
+
+    return opcheck
 
 
 def registration_machinery_paths() -> tuple[str, ...]:

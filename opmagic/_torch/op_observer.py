@@ -167,17 +167,19 @@ def build_identity() -> dict[str, Any]:
     """Everything the observer's build reads, the parts of its cache key: the source (its
     SHA-256) and flags, torch (version and install: its headers and libraries), the compiler
     (the one torch builds extensions with, where it is found and its version), Python, and
-    the environment variables that steer the compiler."""
-    from torch.utils import cpp_extension
+    the environment variables that steer the compiler.
 
-    compiler = cpp_extension.get_cxx_compiler()
+    Read without importing ``torch.utils.cpp_extension`` (it imports setuptools: most of
+    what ``%load_ext opmagic`` would cost): its compiler is ``$CXX`` or ``c++``, its include
+    and library directories lie in torch's install."""
+    compiler = os.environ.get("CXX", "c++")
+    torch_root = os.path.dirname(torch.__file__)
     return {
         "source": file_digest(SOURCE),
         "flags": FLAGS,
         "torch": torch.__version__,
         "torch_git": torch.version.git_version,
-        "torch_includes": cpp_extension.include_paths(),
-        "torch_libraries": cpp_extension.library_paths(),
+        "torch_install": torch_root,
         "compiler": compiler,
         "compiler_version": _compiler_version(compiler, os.environ.get("PATH", "")),
         "python": sys.version,

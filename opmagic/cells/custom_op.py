@@ -52,6 +52,7 @@ from ..dispatch.ops import OpRef, is_identifier, overloads_of
 from ..dispatch.sites import label_location
 from ..display import Displayable
 from ..errors import ArgumentTypeError, CellSourceError, ForeignOperatorError, OperatorNameError
+from .history import CellSource
 from .session import active_session, foreign_operator_message, registration_site
 
 COMPANIONS = ("fake", "setup_context", "backward", "kernel", "vmap", "autocast", "torch_dispatch")
@@ -229,7 +230,26 @@ def custom_op_from_source(
     op, function_name, notes = define_op_from_source(
         source, qualname, filename, namespace, make_op, mutates_args=mutates_args, schema=schema
     )
+    options = {
+        "mutates_args": mutates_args,
+        "device_types": device_types,
+        "schema": schema,
+        "tags": tuple(tag.name for tag in tags),
+    }
+    note_op_source("custom_op", source, qualname, function_name, options)
     return CustomOpResult(op, qualname, function_name, notes)
+
+
+def note_op_source(
+    kind: str, source: str, qualname: str, function: str, options: dict[str, Any]
+) -> None:
+    """Tell the session (if any) that the running cell made ``qualname`` from ``source`` (its
+    ``function`` and companions) with ``options``: what the export writes for the cell."""
+    session = active_session()
+    if session is not None:
+        session.note_source(
+            CellSource(kind, source, {"name": qualname, "function": function, **options})
+        )
 
 
 def source_file(name: str, source: str) -> str:
@@ -265,7 +285,7 @@ def define_op_from_source(
     namespace.setdefault("__builtins__", __builtins__)
     _refuse_foreign(qualname)
     tree = _parse(source, filename)
-    function_node = _operator_function(tree, qualname, filename)
+    function_node = operator_function(tree, qualname, filename)
     if schema is None:
         _require_type_hints(function_node, filename)
     code = _compile(tree, source, filename)
@@ -459,8 +479,9 @@ def _syntax_error(error: SyntaxError, filename: str) -> CellSourceError:
     )
 
 
-def _operator_function(tree: ast.Module, qualname: str, filename: str) -> ast.FunctionDef:
-    """The top-level function that becomes the operator."""
+def operator_function(tree: ast.Module, qualname: str, filename: str) -> ast.FunctionDef:
+    """The top-level function of a cell's syntax tree that becomes the operator ``qualname``
+    (the export finds it again in the cell's source)."""
     op_name = qualname.split("::", 1)[1]
     functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
     named = [node for node in functions if node.name == op_name]
@@ -469,7 +490,7 @@ def _operator_function(tree: ast.Module, qualname: str, filename: str) -> ast.Fu
     candidates = [
         node
         for node in functions
-        if not node.name.startswith("_") and not any(map(_is_companion, node.decorator_list))
+        if not node.name.startswith("_") and not any(map(is_companion, node.decorator_list))
     ]
     # a decorator makes a function something else (a @triton.jit kernel, a benchmark made by
     # @triton.testing.perf_report): the operator's function is a plain one, where there is one
@@ -496,7 +517,7 @@ def _operator_function(tree: ast.Module, qualname: str, filename: str) -> ast.Fu
     )
 
 
-def _is_companion(decorator: ast.expr) -> bool:
+def is_companion(decorator: ast.expr) -> bool:
     """Whether a decorator is one of the companion decorators (``@fake``, ``@kernel(...)``)."""
     target = decorator.func if isinstance(decorator, ast.Call) else decorator
     return isinstance(target, ast.Name) and target.id in COMPANIONS
@@ -741,6 +762,9 @@ __all__ = [
     "custom_op_from_source",
     "custom_op_kernels",
     "define_op_from_source",
+    "is_companion",
+    "note_op_source",
+    "operator_function",
     "parse_operator_name",
     "source_file",
 ]

@@ -33,12 +33,19 @@ Python-side entry it is) so that it can be removed and re-applied alone.
 
 Other front ends track their own resources (e.g. loaded C++ libraries) per cell with
 :meth:`Session.track`: any object with ``close()``.
+
+Besides registrations the session keeps each cell's history (:mod:`.history`), which the export
+reads (:meth:`Session.history`): what the cell ran (its Python code, or what a front end made
+from it: :meth:`Session.note_source`), which of its top-level statements registered, and the
+checks run in it (:meth:`Session.record_check`: opcheck, gradcheck, comparisons; any feature
+that checks an op records its runs there).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import itertools
 import os
 import signal
@@ -51,15 +58,28 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .._torch import compilers, custom_op_state, dispatcher, library_hooks, triton
 from ..dispatch.sites import label_location
 from ..display import Displayable
 from ..errors import ForeignOperatorError, OpmagicError
 from ..native.blocks import scan_blocks
+from .history import (
+    CellEntry,
+    CellRun,
+    CellSource,
+    CheckRun,
+    CheckSample,
+    UnkeptValue,
+    kept_sample,
+    operator_label,
+)
 
 Site = tuple[str, int]
 
 _active: Session | None = None
+_DEFAULT_TEST_UTILS = inspect.signature(torch.library.opcheck).parameters["test_utils"].default
 _site_override: ContextVar[Site | None] = ContextVar("opmagic_registration_site", default=None)
 
 
@@ -265,6 +285,17 @@ class _CaptureRule:
             frame = frame.f_back
         return None
 
+    def statement_line(self, frame: Any) -> int | None:
+        """The line of the running cell's top-level statement that ``frame`` runs under: the
+        outermost frame of cell code (a function defined in a cell and called by another
+        registers for the statement that called it)."""
+        line = None
+        while frame is not None:
+            if self.is_cell_code(frame.f_code.co_filename):
+                line = frame.f_lineno
+            frame = frame.f_back
+        return line
+
 
 def _is_exec_source(filename: str) -> bool:
     """Default cell test outside IPython: code compiled from a string (``<...>``), not frozen."""
@@ -300,6 +331,17 @@ class Session:
         self._taken_over: list[tuple[TrackedHandle, CellRecord]] = []
         self._anonymous = itertools.count(1)
         self._sequence = itertools.count(1)
+        # the history (see .history): the latest successful run of each cell, by cell key;
+        # a later run that failed; cells a key-less re-run replaced (with its label); who took
+        # the last registration of a cell that has none left
+        self._cell_run: CellRun | None = None
+        self._kept_runs: dict[str, CellRun] = {}
+        self._failed_runs: dict[str, CellRun] = {}
+        # by cell place: a cell re-run again and again without a cell id is listed once
+        self._replaced_runs: dict[int, tuple[CellRun, str]] = {}
+        self._emptied_by: dict[str, str] = {}
+        self._rerun_keys: list[str] = []
+        self._orders = itertools.count(1)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -343,32 +385,42 @@ class Session:
 
     @contextlib.contextmanager
     def cell(
-        self, key: str | None = None, label: str | None = None, namespace: dict | None = None
+        self,
+        key: str | None = None,
+        label: str | None = None,
+        namespace: dict | None = None,
+        source: str | None = None,
     ) -> Iterator[None]:
         """Run the body as one cell: kept when it succeeds, rolled back when it raises."""
-        self.begin(key, label, namespace)
+        self.begin(key, label, namespace, source)
         try:
             yield
-        except BaseException:
-            self.finish(success=False)
+        except BaseException as error:
+            self.finish(success=False, error=error)
             raise
         self.finish(success=True)
 
     def begin(
-        self, key: str | None, label: str | None = None, namespace: dict | None = None
+        self,
+        key: str | None,
+        label: str | None = None,
+        namespace: dict | None = None,
+        source: str | None = None,
     ) -> None:
         """A cell starts. ``key`` identifies the cell across runs (``None``: a new cell).
 
         ``namespace`` (the user namespace) lets a failed run rebind names that it pointed
-        at its new custom ops back to the previous ones. Ctrl-C waits until it is done, and
-        anything else that interrupts it undoes what it did (the cell then runs untracked).
+        at its new custom ops back to the previous ones. ``source``: the cell's Python code as
+        it is compiled (IPython syntax translated), for its history. Ctrl-C waits until it is
+        done, and anything else that interrupts it undoes what it did (the cell then runs
+        untracked).
         """
         if self._run is not None:  # a cell run from inside a cell belongs to the outer cell
             self._depth += 1
             return
         with interrupts_held():
             try:
-                self._begin(key, label, namespace)
+                self._begin(key, label, namespace, source)
             except BaseException:
                 self._undo_begin()
                 raise
@@ -384,13 +436,20 @@ class Session:
                 change.reapply()
         if previous is not None:
             self._records[previous.key] = previous
-        self._run = self._previous = self._namespace = None
+        self._run = self._previous = self._namespace = self._cell_run = None
         self._evicted, self._reverted, self._states, self._bindings, self._held = [], [], {}, {}, []
 
-    def _begin(self, key: str | None, label: str | None, namespace: dict | None) -> None:
+    def _begin(
+        self, key: str | None, label: str | None, namespace: dict | None, source: str | None
+    ) -> None:
         """:meth:`begin` of a cell that is not run from inside another."""
         has_key = key is not None
         key = key if key is not None else f"#{next(self._anonymous)}"
+        earlier = self._kept_runs.get(key) or self._failed_runs.get(key)
+        order = earlier.order if earlier is not None else next(self._orders)
+        self._cell_run = CellRun(key, label or key, order)
+        if source is not None:
+            self._cell_run.sources.append(CellSource("python", source))
         previous = self._records.get(key)
         self._previous, self._evicted, self._reverted = previous, [], []
         if previous is not None:
@@ -411,26 +470,30 @@ class Session:
         self._held = [lib for record in self._records.values() for lib in record.live_libraries()]
         self._run = CellRecord(key, label or key, has_key)
 
-    def finish(self, success: bool) -> None:
-        """The cell ended: keep its registrations (``success``) or roll it back. Ctrl-C waits
-        until that is done (:func:`interrupts_held`)."""
+    def finish(self, success: bool, error: BaseException | None = None) -> None:
+        """The cell ended: keep its registrations (``success``) or roll it back (``error``:
+        what it raised, for its history). Ctrl-C waits until that is done
+        (:func:`interrupts_held`)."""
         if self._depth:
             self._depth -= 1
             return
         if self._run is None:
             return
         with interrupts_held():
-            self._finish(success)
+            self._finish(success, error)
 
-    def _finish(self, success: bool) -> None:
+    def _finish(self, success: bool, error: BaseException | None) -> None:
         """:meth:`finish` of the outermost cell, Ctrl-C held back."""
         try:
             if success:
                 self._commit()
+                self._keep_run()
             else:
                 self._rollback()
+                self._fail_run(error)
         finally:
-            self._run = self._previous = self._namespace = None
+            self._run = self._previous = self._namespace = self._cell_run = None
+            self._rerun_keys = []
             self._evicted, self._reverted, self._states, self._bindings = [], [], {}, {}
             self._held, self._adopted, self._stashes, self._taken_over = [], [], {}, []
             self._dropped = set()
@@ -507,11 +570,101 @@ class Session:
             None,
         )
 
+    def note_source(self, source: CellSource) -> None:
+        """The running cell made an operator (or loaded a library) from ``source``: what the
+        export writes for the cell instead of its Python code. Outside a cell: nothing."""
+        if self._cell_run is not None:
+            self._cell_run.sources.append(source)
+
+    def note_earlier_cell(self, label: str, source: str) -> None:
+        """A cell that ran before the session started (``%load_ext opmagic``'s own, and those
+        before it): nothing of it is tracked, but its code is in the history, where the
+        export finds the imports and definitions later cells use."""
+        run = CellRun(f"before {label}", label, next(self._orders))
+        run.sources.append(CellSource("python", source))
+        run.detail = "it ran before the opmagic session started (nothing of it is tracked)"
+        self._kept_runs[run.key] = run
+
+    def record_check(
+        self, kind: str, op: Any, samples: Iterable[CheckSample], **details: Any
+    ) -> bool:
+        """Remember that the running cell checked ``op`` on ``samples``; the export makes tests
+        of what each cell's latest successful run recorded.
+
+        ``kind``: ``"opcheck"``, ``"gradcheck"``, ``"compare"`` (``details``: ``reference``,
+        ``rtol``, ``atol``), or a new feature's own kind; ``op``: an OpOverload, a packet, a
+        custom op or ``"ns::name.overload"``. The samples are copied now (tensors cloned). A
+        sample holding something else than tensors, numbers, strings, dtypes, devices and
+        lists, tuples and dicts of them, or over 16 MiB of tensors, is not kept (the export
+        lists it). Returns whether anything was recorded: nothing is outside a cell.
+        """
+        run = self._cell_run
+        name = op if isinstance(op, str) else operator_label(op)
+        if run is None or name is None:
+            return False
+        kept = []
+        for sample in samples:
+            try:
+                kept.append(kept_sample(sample))
+            except UnkeptValue as why:
+                run.unkept.append(f"a {kind} sample of {name} holds {why}")
+        if kept:
+            run.checks.append(CheckRun(kind, name, tuple(kept), dict(details), run.label))
+        return bool(kept)
+
     # ---------------------------------------------------------------- queries
 
     def records(self) -> list[CellRecord]:
         """The cells whose registrations are in effect, oldest first."""
         return list(self._records.values())
+
+    def history(self) -> tuple[CellEntry, ...]:
+        """Every cell of the session, in cell order (a cell keeps the place of its first run):
+        what its latest successful run ran, recorded and left in effect, and cells that
+        failed or were replaced (see :class:`~opmagic.cells.history.CellEntry`)."""
+        owners = {
+            (r.kind, r.op): record.label
+            for record, r in self._applied()
+            if r.kind in ("def", "namespace")
+        }
+        entries = []
+        for key, run in self._kept_runs.items():
+            record = self._records.get(key)
+            failed = self._failed_runs.get(key)
+            detail = run.detail
+            if record is None and key in self._emptied_by:
+                detail = f"what it registered was replaced by cell {self._emptied_by[key]}"
+            defines = frozenset(record.defined) if record is not None else frozenset()
+            elsewhere = tuple(
+                (f"{kind} {name}", owners[(kind, name)])
+                for kind, name in sorted(defines)
+                if record is not None and owners.get((kind, name), record.label) != record.label
+            )
+            entries.append(
+                _entry(
+                    run,
+                    "in effect" if record is not None else "nothing in effect",
+                    detail,
+                    defines=defines,
+                    defined_elsewhere=elsewhere,
+                    handles=tuple(t.handle for t in record.handles if t.is_open)
+                    if record is not None
+                    else (),
+                    failed_rerun=f"its later run, cell {failed.label}, failed: {failed.error}"
+                    if failed is not None
+                    else "",
+                )
+            )
+        entries += [
+            _entry(run, "failed", run.error)
+            for key, run in self._failed_runs.items()
+            if key not in self._kept_runs
+        ]
+        entries += [
+            _entry(run, "replaced", f"re-run as cell {by}")
+            for run, by in self._replaced_runs.values()
+        ]
+        return tuple(sorted(entries, key=lambda e: (e.order, e.state == "replaced")))
 
     def displaced(self) -> list[str]:
         """What of other cells the running cell has replaced so far, for its summary (not
@@ -602,7 +755,12 @@ class Session:
         frame = sys._getframe(1)
         if override is not None and self._rule.by_opmagic(frame):
             return override
-        return self._rule.site(frame)
+        site = self._rule.site(frame)
+        if site is not None and self._cell_run is not None:
+            line = self._rule.statement_line(frame)
+            if line is not None:
+                self._cell_run.statement_lines.add(line)
+        return site
 
     def make_room(self, registration: library_hooks.Registration) -> Callable[[bool], None]:
         """Evict what ``registration`` replaces; the returned callable gets whether it applied.
@@ -715,7 +873,43 @@ class Session:
             raise ForeignOperatorError(self.redefinition_refused(qualname))
         self._run.custom_op_entries.setdefault(qualname, (opdef, library))
 
+    def opcheck_called(self, op: Any, args: tuple, kwargs: dict, test_utils: Any) -> None:
+        """The router's hook: a cell runs ``torch.library.opcheck``; its sample is recorded."""
+        if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
+            return  # opcheck refuses them in its own words
+        details = {"test_utils": test_utils} if test_utils != _DEFAULT_TEST_UTILS else {}
+        self.record_check("opcheck", op, [CheckSample(tuple(args), kwargs)], **details)
+
     # ---------------------------------------------------------------- internals
+
+    def _keep_run(self) -> None:
+        """History: the running cell succeeded; it is its cell's latest run (a key-less re-run
+        takes the place of the cells it re-ran)."""
+        run = self._cell_run
+        if run is None:
+            return
+        for key in self._rerun_keys:
+            earlier = self._kept_runs.pop(key, None)
+            if earlier is not None:
+                run.order = min(run.order, earlier.order)
+                # what the listing needs of it: its label and place, not its samples
+                stub = CellRun(earlier.key, earlier.label, earlier.order, earlier.sources)
+                self._replaced_runs[earlier.order] = (stub, run.label)
+            self._failed_runs.pop(key, None)
+        self._kept_runs[run.key] = run
+        self._failed_runs.pop(run.key, None)
+        self._emptied_by.pop(run.key, None)
+
+    def _fail_run(self, error: BaseException | None) -> None:
+        """History: the running cell failed (its registrations were rolled back)."""
+        run = self._cell_run
+        if run is None:
+            return
+        message = str(error).strip().splitlines() if error is not None else []
+        kind = type(error).__name__ if error is not None else "the cell failed"
+        run.error = f"{kind}: {message[0]}" if message else kind
+        run.checks.clear()  # a failed run's checks make no test: let their samples go
+        self._failed_runs[run.key] = run
 
     def _applied(self) -> Iterator[tuple[CellRecord, library_hooks.Registration]]:
         """Every registration in effect, with the record of the run that made it."""
@@ -764,6 +958,7 @@ class Session:
         for record in list(self._records.values()):
             if _reruns(run, identity, record):  # key-less cells it re-runs (keyed: done above)
                 del self._records[record.key]
+                self._rerun_keys.append(record.key)
                 self._teardown(record, revert=True)
         changed = {(id(c.opdef()), c.part) for c in run.changes}
         for record in list(self._records.values()):
@@ -774,6 +969,7 @@ class Session:
             ]
             if record.empty:
                 del self._records[record.key]
+                self._emptied_by[record.key] = run.label
                 self._teardown(record, revert=True)
         if not run.empty:
             self._records[run.key] = run
@@ -863,6 +1059,22 @@ class Session:
             with failures.kept():
                 tracked.close()
         failures.raise_first()
+
+
+def _entry(run: CellRun, state: str, detail: str, **more: Any) -> CellEntry:
+    """A history entry for ``run``."""
+    return CellEntry(
+        key=run.key,
+        label=run.label,
+        order=run.order,
+        state=state,
+        detail=detail,
+        sources=run.source(),
+        checks=tuple(run.checks),
+        statement_lines=frozenset(run.statement_lines),
+        unkept=tuple(run.unkept),
+        **more,
+    )
 
 
 def _reruns(run: CellRecord, identity: CellIdentity, earlier: CellRecord) -> bool:

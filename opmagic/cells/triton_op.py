@@ -49,6 +49,7 @@ from .custom_op import (
     CustomOpResult,
     KernelRow,
     define_op_from_source,
+    note_op_source,
     parse_operator_name,
     source_file,
 )
@@ -146,6 +147,7 @@ def triton_op_from_source(
         running=lambda: kernels_made_for(mode),
     )
     rows = _kernel_rows(*made[-1], launcher_name)
+    note_op_source("triton_op", source, qualname, launcher_name, {"mutates_args": mutates_args})
     return TritonOpResult(
         op, qualname, launcher_name, notes, mode=mode, why=why, triton_kernels=rows
     )

@@ -13,7 +13,7 @@ from .keys import catalogue
 from .ops import op_ref
 from .sites import label_site
 from .table import (
-    OperatorTable,
+    alias_site_in,
     classify,
     is_meta_stub,
     parse_computed_table,
@@ -90,8 +90,8 @@ def kernels(
         if name not in with_non_functional:
             return None
         if name not in non_functional_sites:
-            non_functional_sites[name] = OperatorTable(op_ref(name)).alias_site(
-                "CompositeExplicitAutogradNonFunctional"
+            non_functional_sites[name] = alias_site_in(
+                dispatcher.dump_registrations(name), "CompositeExplicitAutogradNonFunctional"
             )
         return non_functional_sites[name]
 

@@ -221,18 +221,24 @@ class OperatorTable:
         self.schema_obj = dispatcher.find_schema(ref.qualname, ref.overload or "")
         self.schema = str(self.schema_obj)
         self._computed = parse_computed_table(dispatcher.dump_table(ref.dispatcher_name))
+        self._registrations_dump: str | None = None
         self._registrations: list[Registration] | None = None
         self._describe = _custom_op_describer(ref.qualname)
         self._entries: dict[str, TableEntry] = {}
         self._alias_sites: dict[str, str | None] = {}
 
     @property
+    def registrations_dump(self) -> str:
+        """torch's dump of the raw registrations (read on first use)."""
+        if self._registrations_dump is None:
+            self._registrations_dump = dispatcher.dump_registrations(self.ref.dispatcher_name)
+        return self._registrations_dump
+
+    @property
     def registrations(self) -> list[Registration]:
         """The raw registrations (parsed on first use)."""
         if self._registrations is None:
-            self._registrations = parse_registrations(
-                dispatcher.dump_registrations(self.ref.dispatcher_name)
-            )
+            self._registrations = parse_registrations(self.registrations_dump)
         return self._registrations
 
     def table(self) -> DispatchTable:
@@ -247,10 +253,7 @@ class OperatorTable:
     def alias_site(self, alias: str) -> str | None:
         """The site of the active kernel registered to an alias key, if there is one."""
         if alias not in self._alias_sites:
-            self._alias_sites[alias] = next(
-                (r.site for r in self.registrations if r.active and r.is_alias and r.key == alias),
-                None,
-            )
+            self._alias_sites[alias] = alias_site_in(self.registrations_dump, alias)
         return self._alias_sites[alias]
 
     def has_alias_kernel(self, alias: str) -> bool:
@@ -378,6 +381,18 @@ def parse_registrations(text: str) -> list[Registration]:
         if registration is not None:
             registrations.append(registration)
     return registrations
+
+
+def alias_site_in(dump: str, alias: str) -> str | None:
+    """The site of the active kernel registered to the alias key ``alias``, from an
+    operator's ``_dispatch_dump``; only its line is parsed (``kernels()`` asks this of
+    hundreds of operators)."""
+    start = dump.find(f"\n{alias}[alias]: ") + 1  # an inactive one reads "[alias] (inactive)"
+    if start == 0:
+        return None
+    end = dump.find("\n", start)
+    registration = _registration(dump[start:] if end < 0 else dump[start:end])
+    return registration.site if registration is not None else None
 
 
 def definition_site(op_name: str) -> str | None:

@@ -26,6 +26,7 @@ MAGIC_CLASSES: list[tuple[str, str]] = [
     ("doctor", "DoctorMagics"),
     ("trace", "TraceMagics"),
     ("diff", "DiffMagics"),
+    ("export", "ExportMagics"),
 ]
 
 # (module, function) of every warm-up: work that ``%load_ext opmagic`` starts in the

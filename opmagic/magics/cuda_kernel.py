@@ -17,6 +17,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..cells.cuda_kernel import CudaKernelResult, cuda_kernel_from_source
+from ..cells.history import CellSource
 from ..cells.session import active_session
 from ..native.blocks import scan_blocks
 from ..native.cuda.library import compile_cuda_library
@@ -143,7 +144,8 @@ class CudaKernelMagics(Magics):
             nvcc_flags=joined(args.flags),
             **build_keywords(args),
         )
-        return load_library_cell(self.shell, cell, build)
+        options = {"arch": args.arch, "nvcc_flags": joined(args.flags)}
+        return load_library_cell(self.shell, cell, build, "cuda_kernel", options)
 
     def _quick_path(self, args: Any, line: str, cell: str) -> CudaKernelResult:
         """Compile with NVRTC, bind the launchers and register the op's CUDA kernel."""
@@ -166,4 +168,5 @@ class CudaKernelMagics(Magics):
         session = active_session()
         if session is not None:  # the previous run's launchers retire when this run succeeds
             session.track(result, result.description)
+            session.note_source(CellSource("cuda_kernel", cell, {"path": "nvrtc"}))
         return result

@@ -31,8 +31,12 @@ class IPythonSession:
         self.running_number = shell.execution_count  # the In [n] of the cell running now
 
     def start(self) -> None:
-        """Start tracking cells (and name cell sites ``cell [n], line k`` in tables)."""
+        """Start tracking cells (and name cell sites ``cell [n], line k`` in tables); the
+        cells run so far (this one included) go into the history untracked."""
         self.session.start()
+        history = getattr(self.shell.history_manager, "input_hist_raw", None) or []
+        for number, raw_cell in enumerate(history[1:], 1):
+            self.session.note_earlier_cell(f"[{number}]", _compiled_code(self.shell, raw_cell))
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
         add_labeler(self.label)
@@ -49,14 +53,17 @@ class IPythonSession:
         self.session.close()
 
     def pre_run_cell(self, info: Any) -> None:
-        """A cell starts: its registrations from now on belong to it."""
+        """A cell starts: its registrations from now on belong to it (and its code, as IPython
+        compiles it, to its history)."""
         self.running_number = _number_of_starting_cell(self.shell)
         label = f"[{self.running_number}]"
-        self.session.begin(getattr(info, "cell_id", None), label, self.shell.user_ns)
+        source = _compiled_code(self.shell, info.raw_cell or "")
+        self.session.begin(getattr(info, "cell_id", None), label, self.shell.user_ns, source)
 
     def post_run_cell(self, result: Any) -> None:
         """The cell ended: keep what it registered, or roll it back if it failed."""
-        self.session.finish(success=result.success)
+        error = result.error_in_exec or result.error_before_exec
+        self.session.finish(success=result.success, error=error)
 
     def cell_number(self, filename: str) -> int | None:
         """The execution count of the cell compiled under ``filename``, if it is a cell."""
@@ -73,6 +80,15 @@ class IPythonSession:
         """``cell [n], line k`` for a site in a cell (a labeler for dispatch tables)."""
         number = self.cell_number(filename)
         return None if number is None else f"cell [{number}], line {line}"
+
+
+def _compiled_code(shell: Any, raw_cell: str) -> str:
+    """The cell as IPython compiles it (magics and ``!`` lines as calls); the raw cell when
+    IPython cannot transform it (it then fails to compile it too)."""
+    try:
+        return shell.transform_cell(raw_cell)
+    except Exception:
+        return raw_cell
 
 
 def _number_of_starting_cell(shell: Any) -> int:

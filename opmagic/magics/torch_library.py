@@ -16,6 +16,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
 from IPython.display import display
 
+from ..cells.history import CellSource
 from ..cells.session import CellIdentity, active_session
 from ..errors import CompileError, OpmagicError, RegistrationError
 from ..native import BuildProgress, LoadedLibrary, compile_library, stderr_progress
@@ -35,7 +36,7 @@ from .session import running_cell_number
 CELL_BODY_FIRST_LINE = 2  # line 1 of a %%torch_library cell is the magic line
 
 
-class _DisplayProgress:
+class DisplayProgress:
     """Build progress as one notebook output, updated in place (then the result or error)."""
 
     def __init__(self) -> None:
@@ -56,8 +57,19 @@ class _DisplayProgress:
         else:
             self.handle.update(obj)
 
+    def clear(self) -> None:
+        """Empty the progress output (the result is shown as the cell's value instead)."""
+        if self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)
 
-def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]) -> LoadedLibrary:
+
+def load_library_cell(
+    shell: Any,
+    cell: str,
+    build: Callable[..., LoadedLibrary],
+    kind: str = "torch_library",
+    options: dict[str, Any] | None = None,
+) -> LoadedLibrary:
     """Run ``build(replace=..., label=..., first_line=..., progress=...)`` for this cell.
 
     Hot reload goes through the session: the library this run replaces is the one
@@ -65,7 +77,8 @@ def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]
     namespace this cell defines, which the library's notes then name); the new library is
     tracked by the session, so ``%opmagic session`` lists it and ``%unload_ext`` (or a
     re-run) closes it. In a notebook, progress shows in place and a compile error beside its
-    cell line.
+    cell line. The session's history notes the cell as a ``kind`` cell (``%%torch_library``
+    or ``%%cuda_kernel``) built with the library's options and ``options`` (CUDA's).
     """
     session = active_session()
     if session is None:
@@ -73,7 +86,7 @@ def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]
     identity = CellIdentity.of_source(cell)
     previous = session.superseded(LoadedLibrary, identity)
     in_notebook = getattr(shell, "kernel", None) is not None
-    progress = _DisplayProgress() if in_notebook else stderr_progress
+    progress = DisplayProgress() if in_notebook else stderr_progress
 
     def attempt() -> LoadedLibrary:
         return build(
@@ -100,6 +113,7 @@ def load_library_cell(shell: Any, cell: str, build: Callable[..., LoadedLibrary]
         raise
     try:
         library = dataclasses.replace(library, notes=(*library.notes, *session.displaced()))
+        session.note_source(CellSource(kind, cell, options or {}, handle=library))
         return session.track(library, library.description, identity)
     except BaseException:  # Ctrl-C before the session holds it: nobody else could close it
         library.close()

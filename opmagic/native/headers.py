@@ -15,7 +15,9 @@ CPU time nothing else wants), and builds parse the headers themselves until it i
 
 A source gets the smallest set whose headers (with everything they include) cover (nearly)
 everything the source's torch includes pull in; those ``#include`` lines then cost nothing.
-A stable-ABI source gets the stable set: its prefix holds no classic torch header.
+A stable-ABI source gets the stable set: its prefix holds no classic torch header. A source
+compiled with ``torch/extension.h`` narrowed (:mod:`opmagic.native.narrowing`) counts as
+including the narrow headers in its place.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from ..cachedir import (
 from ..errors import BuildOptionError, OpmagicError
 from .blocks import scan_blocks
 from .compiler import run_step
+from .narrowing import NARROW_HEADERS, UMBRELLA_HEADERS, narrowable
 from .options import (
     DEFAULT_OPT_LEVEL,
     BuildOptions,
@@ -102,6 +105,8 @@ HEADER_SETS = (
     ),
     # what an operator library needs: registration, Tensor, a factory function
     HeaderSet("core", ("torch/library.h", "ATen/core/Tensor.h", "ATen/ops/empty.h")),
+    # every ATen function and torch::'s factories: torch/extension.h narrowed (narrowing.py)
+    HeaderSet("types", NARROW_HEADERS),
     # the C++ frontend: autograd functions, every ATen op, nn, optim
     HeaderSet("all", ("torch/all.h", "torch/library.h", "ATen/Operators.h")),
     # the setup.py extension header: torch/all.h plus Python and pybind11
@@ -153,6 +158,32 @@ def prefix_text(header_set: HeaderSet | None, flavours: Sequence[str] = ("classi
     return f"{title}{includes}{preamble}"
 
 
+def prefix_includes(source: str, header_set: str | None) -> tuple[str, ...]:
+    """The headers the prefix of ``source``'s build included before it, in order: the set
+    ``header_set`` names (a build's :attr:`BuildInfo.header_set`; ``None``: none), then the
+    registration preamble's. A build of the source without opmagic includes them to see what
+    the cell saw (the preamble's macros aside: torch's own do the same, at load time)."""
+    headers = _SETS[header_set].headers if header_set in _SETS else ()
+    preamble = "".join(PREAMBLE_PARTS[part] for part in ("common", *preamble_flavours(source)))
+    return tuple(dict.fromkeys([*headers, *_INCLUDE.findall(preamble)]))
+
+
+def included_headers(source: str) -> tuple[str, ...]:
+    """Every header ``source``'s ``#include`` lines name, as written."""
+    return tuple(_INCLUDE.findall(source))
+
+
+def refuses_target_version(header: str, toolchain: Toolchain) -> bool:
+    """Whether a torch header refuses ``-DTORCH_TARGET_VERSION`` (a build for the stable ABI):
+    torch guards every header but the stable ABI's and the header-only ones so."""
+    for directory in toolchain.torch_includes:
+        path = os.path.join(directory, header)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as header_file:
+                return "!defined(TORCH_TARGET_VERSION)" in header_file.read(4096)
+    return False
+
+
 def included_torch_headers(source: str, toolchain: Toolchain) -> tuple[str, ...]:
     """The torch headers ``source`` includes, as written in its ``#include`` lines."""
     return tuple(
@@ -172,21 +203,26 @@ def choose_header_set(
     flags: list[str],
     cache: BuildCache,
     search_flags: Sequence[str] = (),
+    narrow: bool = False,
 ) -> HeaderSet:
     """The smallest header set that leaves at most :data:`MAX_UNCOVERED_FILES` of the files
     ``source``'s torch includes pull in to be parsed on each build.
 
     A bigger set costs more per build even when precompiled (its templates are instantiated
-    in every compile: about 1.4 s for core, 5.7 s for all, 7.5 s for extension), so a few
-    uncovered headers are cheaper than the next set. When no set is close enough, the one
-    leaving the fewest files uncovered. ``search_flags`` (e.g. CUDA's include directories)
-    let the source's own includes be found. A source whose includes are all among a set's
-    own headers gets that set at once (no include closure to compute: the first build on an
-    empty cache does not pay for it). Only stable-ABI sources get the stable set.
+    in every compile: about 1.4 s for core, 2.7 s for types, 5.7 s for all, 7.5 s for
+    extension), so a few uncovered headers are cheaper than the next set. When no set is
+    close enough, the one leaving the fewest files uncovered. ``search_flags`` (e.g. CUDA's
+    include directories) let the source's own includes be found. A source whose includes are
+    all among a set's own headers gets that set at once (no include closure to compute: the
+    first build on an empty cache does not pay for it). Only stable-ABI sources get the
+    stable set. ``narrow``: the source's umbrella headers stand for the narrow headers.
     """
     stable_only = preamble_flavours(source) == ("stable",)
     candidates = [s for s in HEADER_SETS if stable_only or s.name != "stable"]
     wanted = included_torch_headers(source, toolchain)
+    if narrow:
+        others = tuple(h for h in wanted if h not in UMBRELLA_HEADERS)
+        wanted = tuple(sorted({*others, *NARROW_HEADERS}))
     if not wanted:
         return candidates[0]
     for header_set in candidates:
@@ -240,8 +276,10 @@ def prepare_prefix(
     force: bool,
     search_flags: Sequence[str] = (),
     wait: bool = False,
+    narrow: bool = False,
 ) -> Prefix:
-    """The prefix header for ``source``, precompiled when its precompiled form is there.
+    """The prefix header for ``source``, precompiled when its precompiled form is there
+    (``narrow``: for the source compiled with its umbrella headers narrowed).
 
     A missing precompiled header is built in the background for later builds, started by
     :meth:`Prefix.start_pending` once this build is compiled (``wait``: built now, or waited
@@ -259,7 +297,7 @@ def prepare_prefix(
     """
     flavours = preamble_flavours(source)
     header_set = (
-        choose_header_set(source, toolchain, flags, cache, search_flags)
+        choose_header_set(source, toolchain, flags, cache, search_flags, narrow)
         if precompile and toolchain.is_gcc
         else None
     )
@@ -380,10 +418,12 @@ def _remember_use(cache: BuildCache, header_set: HeaderSet, flavours: tuple[str,
         write_atomic(_used_file(cache), json.dumps([*used, (header_set.name, flavours)]))
 
 
-# what precompile_headers warms in a cache no build has used yet
+# what precompile_headers warms in a cache no build has used yet (the types set: what
+# torch/extension.h sources are compiled with first)
 FIRST_WARM_UP: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stable", ("stable",)),
     ("core", ("classic",)),
+    ("types", ("classic",)),
 )
 
 
@@ -398,7 +438,7 @@ def precompile_headers(
 
     ``opt_level`` and ``extra_cflags`` as the builds will have them (they select the
     precompiled header). Without ``sources``: every header set builds in this cache have
-    used (on a new cache, the stable-ABI and core sets), with the default flags.
+    used (on a new cache, the stable-ABI, core and types sets), with the default flags.
     ``wait=False`` does it in a background process of low priority (``%load_ext opmagic``
     starts it so: the first cell then finds the headers precompiled, or compiles without
     them while they are), ``wait=True`` before returning. Headers already precompiled cost
@@ -440,6 +480,7 @@ def precompile_headers(
                 precompile=True,
                 force=False,
                 wait=wait,
+                narrow=narrowable(options.source),
             )
             prefix.start_pending(cache)
         return

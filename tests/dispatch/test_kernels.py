@@ -92,6 +92,15 @@ def test_agrees_with_dispatch_table_for_aten_ops():
     assert mm_meta["source"].iloc[0].startswith("meta_mm (")
 
 
+def test_non_functional_kernels_are_named_by_their_alias():
+    """torch labels CompositeExplicitAutograd and its NonFunctional variant alike; the site
+    (torch's generated RegisterCompositeExplicitAutogradNonFunctional file) tells them apart."""
+    frame = kernels("aten", ["SparseCsrMPS"])
+    row = frame[(frame["op"] == "aten::add") & (frame["overload"] == "Tensor")].iloc[0]
+    assert "RegisterCompositeExplicitAutogradNonFunctional" in row.source
+    assert (row.kind, row.alias) == ("alias", "CompositeExplicitAutogradNonFunctional")
+
+
 def test_all_ops_and_default_keys():
     frame = kernels()
     assert frame["op"].str.startswith("aten::").sum() > 1000

@@ -92,7 +92,7 @@ _FLAG_WORDS = (
     "--compare --flags --arch --op --launch --schema --whole --mutates-args --device-types "
     "--tags --check --inputs --sizes --dtypes --devices --rtol --atol --backward --min-run-time "
     "--no-grad --inference-mode --autocast --vmap --fake --logging-mode --all -k --key -m "
-    "--missing --long --interpret"
+    "--missing --long --interpret --version --cells --overwrite"
 )
 _FLAGS = _FLAG_WORDS.split()
 _VALUE_WORDS = (
@@ -174,6 +174,17 @@ def test_generated_triton_op_lines(shell, line):
 @given(line=_LINE, magic=st.sampled_from(["dispatch", "kernels", "opmagic", "compare"]))
 def test_generated_line_magic_lines(shell, line, magic):
     _run(shell, f"%{magic} {line}")
+    _earlier_ops_work()
+
+
+@pytest.mark.slow
+@_SETTINGS
+@given(line=_LINE)
+def test_generated_export_ops_lines(shell, tmp_path, monkeypatch, line):
+    # a line that names a directory writes the package there (--verify is left out: what it
+    # checks is the package written, not the line)
+    monkeypatch.chdir(tmp_path)
+    _run(shell, f"%export_ops {line}")
     _earlier_ops_work()
 
 

@@ -261,18 +261,18 @@ def test_unload_unregisters_every_library_the_cells_loaded(shell):
 @pytest.mark.slow
 def test_load_ext_starts_precompiling_the_headers_of_the_first_cells(tmp_path, monkeypatch):
     """The warm-up ``%load_ext opmagic`` runs: on an empty cache it starts precompiling the
-    stable and core sets in a background process and returns; a stable-ABI build after that
-    process is done uses its header."""
+    stable, core and types sets in a background process and returns; a stable-ABI build
+    after that process is done uses its header."""
     assert ("opmagic.native.headers", "precompile_headers_in_background") in WARM_UPS
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     precompile_headers_in_background()
     markers = list(tmp_path.glob("**/prefix/*/precompiling.pid"))
-    assert len(markers) == 2  # started, not done
+    assert len(markers) == 3  # started, not done
     # on CPU time nothing else wants: it never slows the cell the user waits for
     assert os.sched_getscheduler(int(markers[0].read_text())) == os.SCHED_IDLE
     assert not list(tmp_path.glob("**/prefix/*/prefix.h.gch"))
     precompile_headers()  # waits for that process
-    assert len(list(tmp_path.glob("**/prefix/*/prefix.h.gch"))) == 2
+    assert len(list(tmp_path.glob("**/prefix/*/prefix.h.gch"))) == 3
     library = compile_library(stable_op_source("tl_warm"), progress=None)
     try:
         assert library.build.precompiled and library.build.headers_seconds == 0

@@ -47,6 +47,7 @@ from ..pipeline import (
     compile_error,
     compile_unit,
     link,
+    output_flags,
     publish,
 )
 from ..toolchain import Toolchain
@@ -285,13 +286,7 @@ class _Context:
             str(LAUNCH_HEADER),
             *nvcc_arch_flags(self.cuda.archs),
             *self.cuda.nvcc_flags,
-            "-MD",
-            "-MF",
-            f"{stem}.d",
-            "-c",
-            source_name,
-            "-o",
-            object_name,
+            *output_flags(source_name, object_name, f"{stem}.d"),
         ]
         self.stopwatch.report(f"compiling device code (nvcc, {' '.join(self.cuda.archs)})")
         env = compile_env(toolchain, self.cache)

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 
 from ..._torch import dispatcher
+from ...cells.history import CheckSample, operator_label
+from ...cells.session import active_session
 from ...dispatch.ops import op_ref
 from ...errors import CompareError, OpmagicError
 from .case import run_case
@@ -110,17 +112,26 @@ def compare(
     cases = plan(inputs, sizes, dtypes, devices)
     reporter = Reporter(progress, len(cases))
     rows: list[CaseResult] = []
+    session, candidate_op = active_session(), operator_label(candidate_fn)
+    # the small cases an operator is compared on, for the export's tests
+    kept: list[CheckSample] | None = [] if session is not None and candidate_op else None
     interrupted = False
     try:
         for case in cases:
             reporter.report(len(rows), case.label)
             rows.append(
-                run_case(candidate_fn, reference_fn, case, rtol, atol, backward, min_run_time)
+                run_case(
+                    candidate_fn, reference_fn, case, rtol, atol, backward, min_run_time, kept
+                )
             )
     except KeyboardInterrupt:
         interrupted = True
     finally:
         reporter.finish(len(rows))
+    if session is not None and candidate_op is not None and kept:
+        session.record_check(
+            "compare", candidate_op, kept, reference=reference_name, rtol=rtol, atol=atol
+        )
     return Comparison(
         candidate_name,
         reference_name,

@@ -4,11 +4,13 @@ arguments, compare their results (the arguments afterwards too, for in-place ker
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...cells.history import CheckSample, UnkeptValue, kept_sample
 from ...errors import CompareError
 from ..values import describe_arguments, dtype_name, first_line
 from .closeness import compare_results, compare_tensors, differentiable, tensor_leaves
@@ -19,6 +21,10 @@ from .timing import measure, synchronize
 if TYPE_CHECKING:
     from torch.utils.benchmark import Measurement
 
+# a case whose tensors (arguments and the reference's results) are at most this large is
+# kept for the export's tests: the default sweep's two smaller sizes are, per dtype and device
+KEPT_CASE_BYTES = 256 << 10
+
 
 def run_case(
     candidate: Callable[..., Any],
@@ -28,8 +34,11 @@ def run_case(
     atol: float | None,
     backward: bool,
     min_run_time: float,
+    kept: list[CheckSample] | None = None,
 ) -> CaseResult:
-    """Check, then time, the candidate against the reference on one case."""
+    """Check, then time, the candidate against the reference on one case; ``kept`` gets the
+    case's arguments and what the reference made of them when they are small
+    (:data:`KEPT_CASE_BYTES`: the export makes tests of them)."""
     args = as_arguments(case.build())
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     dtype = case.dtype or (tensors[0].dtype if tensors else None)
@@ -58,6 +67,9 @@ def run_case(
         return result(
             [Mismatch("error", "reference", first_line(error))], no_errors, no_timings, None
         )
+    if kept is not None and _case_bytes(args, expected) <= KEPT_CASE_BYTES:
+        with contextlib.suppress(UnkeptValue):  # copies now: timing may change the arguments
+            kept.append(kept_sample(CheckSample(args, {}, expected, reference_args)))
     try:
         actual = candidate(*candidate_args)
         synchronize(device)
@@ -93,6 +105,11 @@ def run_case(
         mismatches.append(Mismatch("error", "timing", first_line(error)))
         timings = no_timings
     return result(mismatches, errors, timings, size)
+
+
+def _case_bytes(args: tuple, expected: Any) -> int:
+    """Bytes of a case's tensors: its arguments and what the reference returned."""
+    return sum(_nbytes(t) for t in [*tensor_leaves(args), *tensor_leaves(expected)])
 
 
 def _fresh(args: tuple) -> tuple:

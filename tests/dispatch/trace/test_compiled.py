@@ -94,7 +94,11 @@ def test_graph_breaks_make_one_region_per_graph(probes) -> None:
     assert regions[1].compile_id.endswith("/0") and regions[1].compile_id != "0/0"
     assert all(r.graph_breaks == 1 for r in regions)
     assert regions[1].name.startswith("f after the graph break at line ")
-    assert log.entries == _walked(traced, [leaf])
+    # dynamo may compile the resume function again (its code can be collected between calls):
+    # the compiler's calls on fake tensors reach the probe at PythonDispatcher and are folded
+    # into a compile row, not recorded as run calls
+    ran = [entry for entry in log.entries if entry[1] != "PythonDispatcher"]
+    assert ran == _walked(traced, [leaf])
 
 
 def test_compiling_inside_a_trace_is_one_row_and_leaves_the_callbacks_alone(probes) -> None:
