@@ -46,6 +46,7 @@ def unload_ipython_extension(ipython: object) -> None:
 __all__ = [
     "AffectedCalls",
     "ArgumentTypeError",
+    "ArgumentValueError",
     "ArgumentsMismatchError",
     "AutogradNode",
     "BuildError",
@@ -65,6 +66,7 @@ __all__ = [
     "CudaKernel",
     "CudaKernelResult",
     "CudaKernels",
+    "CudaLaunchError",
     "CudaOp",
     "CudaToolkitError",
     "CustomOpResult",

@@ -47,6 +47,8 @@ from typing import Any, Generic, TypeVar
 from .display import format_duration
 from .errors import CacheDirectoryError, CacheFullError, LoadError, OpmagicError
 
+T = TypeVar("T")
+
 LAYOUT_VERSION = "v1"  # bump when the layout or the meaning of a key changes
 LOCK_POLL_SECONDS = 0.1
 TICK_SECONDS = 0.25  # how often a running build reports its progress
@@ -104,11 +106,19 @@ class BuildCache:
         """The error to raise for an ``OSError`` the cache gave while trying to ``doing``."""
         if error.errno in NO_SPACE_ERRORS:
             return disk_full(str(error))
-        if error.errno in READ_ONLY_ERRORS:
+        if error.errno == errno.EROFS:
             return CacheDirectoryError(
                 f"The opmagic cache {self.root} is read-only ({error.strerror}), so it cannot "
                 f"{doing}: it serves the builds it holds, and nothing else. Set XDG_CACHE_HOME "
                 "to a directory you can write to."
+            )
+        if error.errno in READ_ONLY_ERRORS:
+            where = error.filename2 or error.filename or self.root  # a rename: its destination
+            return CacheDirectoryError(
+                f"The opmagic cache {self.root} is read-only for you at {where} "
+                f"({error.strerror}), so it cannot {doing}: it serves the builds it holds, and "
+                f"nothing else. Give yourself access again (chmod -R u+rwX {self.root}), or set "
+                "XDG_CACHE_HOME to a directory you can write to."
             )
         return error
 
@@ -238,12 +248,44 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def remove_path(path: Path) -> None:
-    """Remove whatever ``path`` is (a symlink itself, never its target); gone already is fine."""
+    """Remove whatever ``path`` is (a symlink itself, never its target); gone already is fine.
+    A directory of ours that we cannot list or write to (mode 000) is made ours again first."""
     with contextlib.suppress(FileNotFoundError):
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+        try:
+            _remove(path)
+        except PermissionError:
+            _restore_access(path)
+            _remove(path)
+
+
+def _remove(path: Path) -> None:
+    """Remove ``path``: a directory with what it holds, anything else by its name."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _restore_access(directory: Path) -> None:
+    """Make ``directory`` and every directory below it ``rwx`` for us (never following a
+    symlink: each is changed through a descriptor of the directory itself)."""
+    pending = [directory]
+    while pending:
+        current = pending.pop()
+        try:
+            fd = os.open(current, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                continue
+            os.chmod(f"/proc/self/fd/{fd}", 0o700)  # the inode open as fd, not a path
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError), os.scandir(current) as entries:
+            pending += [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
 
 
 def _lock_holder(fd: int) -> str:
@@ -310,7 +352,7 @@ def read_record(directory: Path, name: str) -> tuple[dict[str, Any] | None, str]
     except FileNotFoundError:
         return None, ""
     except (OSError, UnicodeDecodeError) as error:
-        return None, f"its record {name} cannot be read: {getattr(error, 'strerror', error)}"
+        return None, f"its record {name} cannot be read ({getattr(error, 'strerror', error)})"
     problem = private_problem(directory)
     if problem is not None:
         return None, f"its directory {directory} is not private: {problem}"
@@ -321,6 +363,16 @@ def read_record(directory: Path, name: str) -> tuple[dict[str, Any] | None, str]
     if not isinstance(record, dict):
         return None, f"its record {name} is damaged"
     return record, ""
+
+
+def read_json_file(path: Path, kind: type[T]) -> T | None:
+    """The JSON value of the file at ``path`` when it is a ``kind`` (``dict``, ``list``), else
+    None: missing, unreadable, not JSON or another shape (callers treat it as missing)."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, kind) else None
 
 
 def file_digest(path: Path) -> str:
@@ -360,9 +412,13 @@ def artifact_problem(path: Path, record: Any, *, rehash: bool) -> str | None:
         return f"{path.name} is not a regular file of yours"
     if info.st_size != record["size"]:
         return f"{path.name} is {info.st_size} bytes, {record['size']} when it was built"
-    if not rehash and record.get("stat") == _fingerprint(info):
+    if not rehash and record.get("stat") == stat_fingerprint(info):
         return None
-    if file_digest(path) != record["sha256"]:
+    try:
+        sha256 = file_digest(path)
+    except OSError as error:  # mode 000, say
+        return f"{path.name} cannot be read ({error.strerror})"
+    if sha256 != record["sha256"]:
         return f"{path.name} is not the file that was built (its SHA-256 differs)"
     return None
 
@@ -421,12 +477,26 @@ def _fresh_name(fd: int) -> str:
 
 def fingerprint(path: Path) -> list[int]:
     """What changes whenever a file is written or replaced (its content, not its name)."""
-    return _fingerprint(os.stat(path))
+    return stat_fingerprint(os.stat(path))
 
 
-def _fingerprint(info: os.stat_result) -> list[int]:
-    """:func:`fingerprint` of a stat result."""
+def stat_fingerprint(info: os.stat_result) -> list[int]:
+    """:func:`fingerprint` of a stat result: device, inode, mtime and ctime (which nobody but
+    root can set back: ``cp -p`` or ``touch -d`` restore the mtime, never the ctime)."""
     return [info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns]
+
+
+_DIGESTS: dict[tuple[int, ...], str] = {}  # (size, *fingerprint) -> SHA-256, this process
+
+
+def content_digest(path: str | Path, info: os.stat_result) -> str:
+    """The SHA-256 of the file at ``path``, whose stat is ``info``: hashed once per process
+    per file identity (size and fingerprint; any write changes them)."""
+    identity = (info.st_size, *stat_fingerprint(info))
+    digest_ = _DIGESTS.get(identity)
+    if digest_ is None:
+        digest_ = _DIGESTS[identity] = file_digest(Path(path))
+    return digest_
 
 
 def disk_full(detail: str) -> CacheFullError:
@@ -583,9 +653,6 @@ class Stopwatch:
         finally:
             done.set()
             ticker.join()
-
-
-T = TypeVar("T")
 
 
 class BackgroundBuild(abc.ABC, Generic[T]):

@@ -47,6 +47,11 @@ class ArgumentTypeError(OpmagicError, TypeError):
     """An argument of a public function that has the wrong type; the message says what it takes."""
 
 
+class ArgumentValueError(OpmagicError, ValueError):
+    """An argument of a public function whose value it cannot take (a tensor on the wrong
+    device, a number out of range); the message says what it takes."""
+
+
 class UnknownDispatchKeyError(OpmagicError, LookupError):
     """A dispatch key name that this torch does not have."""
 
@@ -117,6 +122,11 @@ class TritonKernelError(OpmagicError, RuntimeError):
         self.kernel = kernel
         self.filename = filename
         self.line = line
+
+
+class CudaLaunchError(OpmagicError, RuntimeError):
+    """A quick-path CUDA kernel that did not launch: replaced by a newer run of its cell, not
+    loadable on this GPU, or refused by the driver (its configuration is in the message)."""
 
 
 class NoGPUError(OpmagicError, RuntimeError):

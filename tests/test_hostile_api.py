@@ -3,12 +3,18 @@ error naming the argument, never another exception, and the op defined before st
 
 Builds are stopped where the compiler would start (as in tests/magics/test_hostile_inputs.py):
 the options must be refused before a build, and compiling per example is out of reach.
+
+Each test draws ``OPMAGIC_HOSTILE_EXAMPLES`` examples (default 150: CI's share); the full run
+of issue 29 is ``OPMAGIC_HOSTILE_EXAMPLES=1000 pytest tests/test_hostile_api.py
+tests/magics/test_hostile_inputs.py --hypothesis-show-statistics``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +26,10 @@ from hypothesis import strategies as st
 
 import opmagic
 import opmagic.native.library
+from opmagic.dispatch.contexts import CallContext
 from opmagic.errors import OpmagicError
+from opmagic.verify.samples import TensorSpec
+from opmagic.view.explorer.model import ExplorerModel
 
 from .native.sources import VADD, op_source
 
@@ -110,8 +119,114 @@ def _base_calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
     }
 
 
-_BASES = _base_calls()
+def _odd_tensors() -> list[torch.Tensor]:
+    """Tensors most code never meets: meta, quantized, nested, sparse, complex, empty, 0-dim."""
+    with warnings.catch_warnings():  # quantized and nested tensors warn that they are old/new
+        warnings.simplefilter("ignore")
+        return [
+            torch.ones(2, device="meta"),
+            torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8),
+            torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+            torch.ones(2, 2).to_sparse(),
+            torch.ones(2, dtype=torch.complex64),
+            torch.ones(0),
+            torch.tensor(1.0),
+            torch.ones(2, dtype=torch.bool),
+            torch.ones(2, requires_grad=True),
+        ]
+
+
+_ODD = _odd_tensors()
+
+
+def _kernel() -> Any:
+    """The quick path's vector add (NVRTC compiles it without a GPU), once."""
+    if "vadd" not in _KERNELS:
+        pytest.importorskip("cuda.bindings.nvrtc", reason='needs pip install "opmagic[cuda]"')
+        _KERNELS["vadd"] = opmagic.compile_cuda_kernels(VADD).vadd
+    return _KERNELS["vadd"]
+
+
+_KERNELS: dict[str, Any] = {}
+
+
+def _explored(op: Any, shape: Any, dtype: Any, view: Any, fake: Any) -> Any:
+    """The explorer's sample builder and model: an operator's schema turned into sample
+    arguments of ``shape`` (a text as typed), resolved under ``fake``."""
+    model = ExplorerModel(op)
+    for slot in model.slots:
+        slot.tensor = TensorSpec(shape=shape, dtype=dtype, view=view)
+    model.set_context(fake=fake)
+    return model.outcome()
+
+
+def _more_calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
+    """The functions issue 29 found raising internal errors, each with a valid call."""
+    two = (torch.ones(2), torch.ones(2))
+    return {
+        "CudaKernel[config]": (lambda config: _kernel()[config], {"config": (1, 32)}),
+        "CudaKernel.launch": (
+            lambda grid, block, shared_mem, stream, arg: _kernel().launch(
+                grid, block, arg, arg, arg, 2, shared_mem=shared_mem, stream=stream
+            ),
+            {"grid": 1, "block": 32, "shared_mem": 0, "stream": None, "arg": torch.ones(2)},
+        ),
+        "precompile_headers": (
+            opmagic.precompile_headers,
+            {"sources": [op_source("hzapi_pch")], "opt_level": 1, "extra_cflags": (), "wait": True},
+        ),
+        "CallContext": (
+            lambda **fields: CallContext(**fields).resolve("aten::add.Tensor", *two),
+            {
+                "no_grad": False,
+                "inference_mode": False,
+                "autocast": None,
+                "vmap": False,
+                "fake": False,
+                "logging": False,
+            },
+        ),
+        "CallContext.resolve": (
+            lambda fake, vmap, a, b: CallContext(fake=fake, vmap=vmap).resolve("aten::add", a, b),
+            {"fake": True, "vmap": False, "a": two[0], "b": two[1]},
+        ),
+        "CallContext.trace": (
+            lambda fake, a: CallContext(fake=fake).trace("aten::mul", a, a),
+            {"fake": True, "a": two[0]},
+        ),
+        "explorer samples": (
+            _explored,
+            {
+                "op": "aten::add.Tensor",
+                "shape": "2, 2",
+                "dtype": "float32",
+                "view": "none",
+                "fake": False,
+            },
+        ),
+        "TensorSpec.build": (
+            lambda **fields: TensorSpec(**fields).build("x"),
+            {
+                "device": "cpu",
+                "dtype": "float32",
+                "requires_grad": False,
+                "layout": "strided",
+                "view": "none",
+                "shape": "2, 2",
+            },
+        ),
+        "compile_cuda_kernels": (opmagic.compile_cuda_kernels, {"source": VADD}),
+        "triton_op_from_source": (
+            opmagic.triton_op_from_source,
+            {"source": _CUSTOM_OP.replace("x + 1", "x"), "name": "hzapi::tri", "interpret": True},
+        ),
+    }
+
+
+_BASES = {**_base_calls(), **_more_calls()}
 _TARGETS = [(function, parameter) for function, (_, base) in _BASES.items() for parameter in base]
+# every operator name, for the explorer's "unusual schemas" (Dimname, Generator, Storage...)
+_OPS = sorted(torch._C._dispatch_get_all_op_names())
 _VALUES = st.one_of(
     st.none(),
     st.booleans(),
@@ -124,18 +239,64 @@ _VALUES = st.one_of(
     st.tuples(st.text(max_size=3), st.text(max_size=3)),
     # functions: some stand for an aten operator, some for several or none
     st.sampled_from([torch.add, torch.ones(1).add, torch.norm, torch.Tensor.backward, len]),
+    # the value shapes of issue 29: huge and infinite numbers, odd sequences, text that is not
+    # UTF-8 (a lone surrogate, as a notebook's JSON can hold), odd tensors, shapes as typed
+    st.sampled_from(
+        [
+            float("inf"),
+            -float("inf"),
+            10**30,
+            -(2**63),
+            1e300,
+            1 + 2j,
+            (1, 2, 3, 4),
+            (0,),
+            (1, -1),
+            [2, 2.5],
+            (True,),
+            ((1,), 2),
+            torch.Size([2]),
+            range(3),
+            "2, x",
+            "2,,3",
+            "-1",
+            "99999999999999999999",
+            "\udcff",
+            "é\udc80 TORCH_LIBRARY(x, m) {}",
+            VADD.replace("a[i]", "\udcffa[i]"),
+            op_source("hzapi_lib").replace("scale", "sc\udc80ale"),
+            "cpu",
+            "meta",
+            "qint8",
+            "conj",
+        ]
+    ),
+    st.sampled_from(_ODD),
+    st.lists(st.sampled_from(_ODD), min_size=1, max_size=2).map(lambda ts: [tuple(ts)]),
+    st.sampled_from(_OPS),
 )
+_EXAMPLES = int(os.environ.get("OPMAGIC_HOSTILE_EXAMPLES", "150"))
+
+
+@pytest.fixture
+def no_builds(monkeypatch) -> None:
+    """Builds and precompiles stop where the compiler would start (see the module doc)."""
+    from opmagic.native import headers
+
+    monkeypatch.setattr(opmagic.native.library, "published_build", _no_build)
+    monkeypatch.setattr(headers, "prepare_prefix", _no_build)
+    monkeypatch.setattr(headers, "start_in_background", _no_build)
+    monkeypatch.setattr(headers._Precompile, "run_now", _no_build)
 
 
 @pytest.mark.slow
 @settings(
-    max_examples=150,
+    max_examples=_EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(target=st.sampled_from(_TARGETS), value=_VALUES)
-def test_generated_api_arguments(earlier_op, monkeypatch, target, value) -> None:
-    monkeypatch.setattr(opmagic.native.library, "published_build", _no_build)
+def test_generated_api_arguments(earlier_op, no_builds, target, value) -> None:
     function, parameter = target
     call, base = _BASES[function]
     with contextlib.suppress(OpmagicError, _WouldBuild):
@@ -143,3 +304,40 @@ def test_generated_api_arguments(earlier_op, monkeypatch, target, value) -> None
     assert earlier_op(torch.zeros(1)).item() == 1.0
     assert torch.ops.hzapi.kept(torch.zeros(1)).item() == 1.0
     assert not _EXPORT_TO.exists()
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    function=st.sampled_from(["CudaKernel[config]", "CudaKernel.launch"]),
+    grid=_VALUES,
+    block=_VALUES,
+)
+def test_generated_launch_configurations(no_builds, function, grid, block) -> None:
+    """Grid and block together (issue 29's 101 internal errors were the launcher's)."""
+    with contextlib.suppress(OpmagicError):
+        if function == "CudaKernel[config]":
+            _kernel()[grid, block]
+        else:
+            _kernel().launch(grid, block, torch.ones(2), torch.ones(2), torch.ones(2), 2)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    op=st.sampled_from(_OPS),
+    shape=st.one_of(st.text(max_size=8), st.sampled_from(["", "0", "2, 2", "1, 1, 1, 1"])),
+    fake=st.booleans(),
+)
+def test_generated_explorer_samples(op, shape, fake) -> None:
+    """Every operator's schema (Dimname, Generator, Storage, Tensor?[] ...) and typed shapes."""
+    outcome = _explored(op, shape, "float32", "none", fake)
+    assert (outcome.resolution is None) != (outcome.message is None)

@@ -447,6 +447,14 @@ def _parse(source: str, filename: str) -> ast.Module:
         raise _too_deep(error, source, filename) from None
     except SyntaxError as error:
         raise _syntax_error(error, filename) from error
+    except UnicodeEncodeError as error:  # a lone surrogate, which a notebook's JSON can hold
+        line = source.count("\n", 0, error.start) + 1
+        raise CellSourceError(
+            f"{label_location(filename, line)}: the source is not UTF-8 text: it holds "
+            f"{source[error.start]!r}, a lone surrogate no file can hold. Remove it.",
+            filename=filename,
+            line=line,
+        ) from None
 
 
 def _compile(tree: ast.Module, source: str, filename: str) -> CodeType:

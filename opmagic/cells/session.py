@@ -48,7 +48,9 @@ import functools
 import inspect
 import itertools
 import os
+import signal
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -99,6 +101,34 @@ def registration_site(filename: str, line: int) -> Iterator[None]:
         yield
     finally:
         _site_override.reset(token)
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C back while the block runs, then deliver it: the session's bookkeeping cut
+    in half by a ``KeyboardInterrupt`` would leave a cell that can never run again, or an
+    operator that outlives ``%unload_ext``. Only the main thread receives signals; elsewhere
+    (and inside an outer hold) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None or getattr(previous, "holds_interrupts", False):
+        yield  # a handler Python cannot put back, or held already by an outer block
+        return
+
+    def hold(signum: int, frame: Any) -> None:
+        received.append(signum)
+
+    hold.holds_interrupts = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            signal.raise_signal(signal.SIGINT)  # to the handler that was there: now
 
 
 @dataclass(frozen=True)
@@ -340,7 +370,13 @@ class Session:
 
         Every cell's teardown runs to its end even when a step of it fails (a tracked handle
         whose ``close()`` raises, say); the first failure is raised once all of it is done.
+        Ctrl-C waits until it is done (:func:`interrupts_held`).
         """
+        with interrupts_held():
+            self._close()
+
+    def _close(self) -> None:
+        """:meth:`close`, Ctrl-C held back."""
         global _active
         failures = _Failures()
         if self._run is not None:
@@ -383,11 +419,38 @@ class Session:
 
         ``namespace`` (the user namespace) lets a failed run rebind names that it pointed
         at its new custom ops back to the previous ones. ``source``: the cell's Python code as
-        it is compiled (IPython syntax translated), for its history.
+        it is compiled (IPython syntax translated), for its history. Ctrl-C waits until it is
+        done, and anything else that interrupts it undoes what it did (the cell then runs
+        untracked).
         """
         if self._run is not None:  # a cell run from inside a cell belongs to the outer cell
             self._depth += 1
             return
+        with interrupts_held():
+            try:
+                self._begin(key, label, namespace, source)
+            except BaseException:
+                self._undo_begin()
+                raise
+
+    def _undo_begin(self) -> None:
+        """Put back what a :meth:`begin` that was interrupted took off."""
+        previous = self._previous
+        for registration, _ in sorted(self._evicted, key=lambda pair: pair[0].seq):
+            with contextlib.suppress(Exception):
+                self._reapply(registration)
+        for change in self._reverted:
+            with contextlib.suppress(Exception):
+                change.reapply()
+        if previous is not None:
+            self._records[previous.key] = previous
+        self._run = self._previous = self._namespace = self._cell_run = None
+        self._evicted, self._reverted, self._states, self._bindings, self._held = [], [], {}, {}, []
+
+    def _begin(
+        self, key: str | None, label: str | None, namespace: dict | None, source: str | None
+    ) -> None:
+        """:meth:`begin` of a cell that is not run from inside another."""
         has_key = key is not None
         key = key if key is not None else f"#{next(self._anonymous)}"
         earlier = self._kept_runs.get(key) or self._failed_runs.get(key)
@@ -417,12 +480,18 @@ class Session:
 
     def finish(self, success: bool, error: BaseException | None = None) -> None:
         """The cell ended: keep its registrations (``success``) or roll it back (``error``:
-        what it raised, for its history)."""
+        what it raised, for its history). Ctrl-C waits until that is done
+        (:func:`interrupts_held`)."""
         if self._depth:
             self._depth -= 1
             return
         if self._run is None:
             return
+        with interrupts_held():
+            self._finish(success, error)
+
+    def _finish(self, success: bool, error: BaseException | None) -> None:
+        """:meth:`finish` of the outermost cell, Ctrl-C held back."""
         try:
             if success:
                 self._commit()

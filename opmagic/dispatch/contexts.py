@@ -10,6 +10,7 @@ options are declared once, in ``opmagic.magics.arguments.CONTEXT_OPTIONS``).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from .._torch import dispatcher
-from ..errors import OpmagicError
+from ..errors import ArgumentTypeError, OpmagicError
 from .ops import op_ref
 from .resolve import Resolution, resolve
 from .torch_functions import unbind
@@ -34,6 +35,19 @@ class CallContext:
     vmap: bool = False  # vmap over dim 0 of every tensor argument
     fake: bool = False  # FakeTensorMode, the tensor arguments converted with mode.from_tensor
     logging: bool = False  # a TorchDispatchMode that logs each operator and runs it
+
+    def __post_init__(self) -> None:
+        for name in ("no_grad", "inference_mode", "vmap", "fake", "logging"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ArgumentTypeError(f"CallContext: {name} is True or False, got {value!r:.60}.")
+        if self.autocast is not None and (
+            not isinstance(self.autocast, str) or not self.autocast.isidentifier()
+        ):
+            raise ArgumentTypeError(
+                "CallContext: autocast is a device type such as 'cpu' or 'cuda', or None for "
+                f"autocast off; got {self.autocast!r:.60}."
+            )
 
     def words(self) -> list[str]:
         """The options that are on, in words (``["no_grad", "autocast cpu"]``)."""
@@ -95,7 +109,7 @@ class CallContext:
             convert: Callable[[torch.Tensor], torch.Tensor] = _same
             if self.fake:
                 mode = dispatcher.new_fake_tensor_mode()
-                convert = mode.from_tensor
+                convert = functools.partial(_faked, mode)
             if self.no_grad:
                 stack.enter_context(torch.no_grad())
             if self.inference_mode:
@@ -113,6 +127,20 @@ class CallContext:
             if self.logging:
                 stack.enter_context(dispatcher.new_logging_dispatch_mode([]))
             yield convert
+
+
+def _faked(mode: Any, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as a fake tensor of ``mode``; a kind FakeTensorMode cannot fake (quantized,
+    nested) is refused, naming it."""
+    try:
+        return mode.from_tensor(tensor)
+    except Exception as exc:  # torch raises several types here, none of them the user's
+        kind = "quantized" if tensor.is_quantized else "nested" if tensor.is_nested else "this"
+        raise ArgumentTypeError(
+            f"fake (FakeTensorMode) cannot make a fake of a {kind} tensor argument "
+            f"({type(exc).__name__}: {exc}). Turn fake off for this call, or pass a plain "
+            "strided tensor."
+        ) from None
 
 
 def _with_backward(op: Any, args: tuple, kwargs: dict) -> Any:

@@ -19,10 +19,12 @@ nbclient and nbconvert print), so "Run All" stops there.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import types
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -50,6 +52,8 @@ class ShellMagics(Magics):
     types say ``shell`` may be None, which never holds for a registered magic."""
 
     shell: InteractiveShell
+
+
 class _ShownOnce:
     """The shell's custom exception handler (``InteractiveShell.set_custom_exc``) for
     :class:`OpmagicError`: an error a magic has displayed already is recorded for
@@ -92,3 +96,27 @@ def stop_showing_errors_once(shell: Any) -> None:
     handler = _handlers.pop(shell, None)
     if handler is not None and shell.CustomTB == handler.installed:
         shell.custom_exceptions, shell.CustomTB = handler.previous
+
+
+_OPMAGIC = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def raise_users_error(shell: Any, error: BaseException) -> NoReturn:
+    """Raise ``error``, which the user's code raised in a cell a magic ran (``%%trace``), shown
+    as the user's own: its traceback from the first frame of a cell on, opmagic's frames left
+    out (IPython shows what :meth:`_render_traceback_` gives; ``%debug`` still has them all)."""
+    is_cell = getattr(shell.compile, "_filename_map", {}).__contains__
+    kept: list[types.TracebackType] = []
+    entry = error.__traceback__
+    while entry is not None:
+        filename = entry.tb_frame.f_code.co_filename
+        if (kept or is_cell(filename)) and not filename.startswith(_OPMAGIC):
+            kept.append(entry)
+        entry = entry.tb_next
+    users: types.TracebackType | None = None
+    for entry in reversed(kept):
+        users = types.TracebackType(users, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    shown = shell.InteractiveTB.structured_traceback(type(error), error, users, tb_offset=0)
+    with contextlib.suppress(AttributeError):  # one that takes no attributes: shown as is
+        error._render_traceback_ = lambda: shown  # type: ignore[attr-defined]
+    raise error

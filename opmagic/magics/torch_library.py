@@ -105,9 +105,13 @@ def load_library_cell(
             progress.show(error)  # the log folded; no traceback after it
             error.displayed = True
         raise
-    library = dataclasses.replace(library, notes=tuple(session.displaced()))
-    session.note_source(CellSource(kind, cell, options or {}, handle=library))
-    return session.track(library, library.description, identity)
+    try:
+        library = dataclasses.replace(library, notes=(*library.notes, *session.displaced()))
+        session.note_source(CellSource(kind, cell, options or {}, handle=library))
+        return session.track(library, library.description, identity)
+    except BaseException:  # Ctrl-C before the session holds it: nobody else could close it
+        library.close()
+        raise
 
 
 @magics_class

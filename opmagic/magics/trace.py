@@ -17,7 +17,7 @@ from IPython.display import display
 
 from ..dispatch.trace import Trace, trace
 from .arguments import CONTEXT_OPTIONS, call_context, parse_options, with_options
-from .context import ShellMagics, magic_context
+from .context import ShellMagics, magic_context, raise_users_error
 from .session import running_cell_number
 
 VIEWS = ("tree", "frame", "diagram", "surprises")
@@ -70,7 +70,7 @@ class TraceMagics(ShellMagics):
         shown = traced if options.view == "tree" else _view(traced, options.view)
         if traced.exception is not None:  # show what ran, then the cell's own error
             display(shown)
-            raise traced.exception
+            raise_users_error(self.shell, traced.exception)
         return shown
 
     def _compiled(self, cell: str) -> Any:

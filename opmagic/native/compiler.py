@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import shlex
 import signal
@@ -43,13 +45,15 @@ def run_step(
     lot never blocks on it, and a full disk cannot swallow the message that says so. The
     command runs in a process group of its own: interrupting (Ctrl-C, a notebook's stop
     button) kills the whole group, the driver and the ``cc1plus``, ``as``, ``ld`` or
-    ``ccache`` it started.
+    ``ccache`` it started. So does this process's death (a kernel killed with SIGKILL): the
+    group's leader is a small shell (:data:`_GUARD`) that the kernel signals when its parent
+    dies (``PR_SET_PDEATHSIG``), and that kills its group then.
     """
     started = time.perf_counter()
     descriptor = os.memfd_create("opmagic-output", os.MFD_CLOEXEC)
     with os.fdopen(descriptor, "w+", errors="replace") as log:
         process = subprocess.Popen(
-            command,
+            ["sh", "-c", _GUARD, "opmagic-step", *command],
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -57,6 +61,7 @@ def run_step(
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,  # its own process group (and no terminal's Ctrl-C)
+            preexec_fn=functools.partial(_die_with, os.getpid()),
         )
         try:
             if stdin is not None and process.stdin is not None:
@@ -75,6 +80,21 @@ def run_step(
         log.seek(0)
         output = log.read()
     return StepResult(tuple(command), process.returncode, output, time.perf_counter() - started)
+
+
+# The leader of a step's process group: runs the command, and kills the group (the compiler
+# and what it started) when it is sent SIGTERM, which it is when the process that started it
+# dies (_die_with). A command in the background reads its stdin only when it is redirected.
+_GUARD = 'trap "kill -KILL 0" TERM; exec 3<&0; "$@" <&3 3<&- & wait $!'
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> None:
+    """In the forked child, before it runs the guard: SIGTERM when ``parent`` dies (or now,
+    when it died already)."""
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _kill_group(process: subprocess.Popen) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..dispatch.keys import catalogue
 from ..dispatch.sites import shorten_path
+from .tokens import function_definitions, plain_function_name, tokenize
 
 _LOCATED = re.compile(
     r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<column>\d+):)? "
@@ -43,6 +44,16 @@ _UNKNOWN_KEY = re.compile(r"['‘](\w+)['’] is not a member of ['‘]c10::Disp
 _MARGIN = re.compile(r"^(?P<pad> *)(?P<number>\d+)(?P<rest> \|.*)$")  # GCC's "  12 | code"
 _LINKER = re.compile(r"^(?:ld(?:\.\w+)?|mold)$")  # linkers that name themselves in messages
 _LINK_FAILED = re.compile(r"\bld returned \d+ exit status")  # the driver's closing line
+# what a linker could not resolve or found twice: GNU ld and gold quote it, lld and mold not
+_LINK_SYMBOL = re.compile(
+    r"(?:undefined reference to|multiple definition of) [`'‘]([^'’`]+)['’`]"
+    r"|(?:undefined|duplicate) symbol: ([^\n]+)"
+)
+# the function whose code refers to it: ld's "in function `f'", gold's ":function f: error",
+# lld's and mold's ">>> referenced by ... f.o:(f)"
+_LINK_FUNCTION = re.compile(
+    r"in function [`'‘]([^'’`]+)['’`]|:function (.+?): (?:error|warning)|>>> +\S+:\((.+)\)"
+)
 _TAB_STOP = 8  # GCC's -ftabstop default, by which it counts columns after a tab
 ERRORS = ("error", "fatal error")
 MAX_SHOWN_ERRORS = 10  # errors a message shows at their lines; the log has every one
@@ -116,6 +127,48 @@ def _user_line(context: list[str], source_name: str) -> int | None:
         if match and match["file"] == source_name:
             return int(match["line"])
     return None
+
+
+def locate_link_errors(
+    diagnostics: tuple[Diagnostic, ...], source: str
+) -> tuple[Diagnostic, ...]:
+    """Link errors given the source line they are about: where the function the linker names
+    (``in function `f()'``) uses the symbol it could not resolve or found twice (``undefined
+    reference to `g()'``, ``multiple definition of``, lld's and mold's ``undefined symbol:``),
+    else that function's definition, else the symbol's first mention."""
+    located = []
+    for index, diagnostic in enumerate(diagnostics):
+        if diagnostic.is_error and diagnostic.user_line is None and _is_link_error(diagnostic):
+            # lld and mold say where the symbol is referenced on the lines after the error
+            after = diagnostics[index + 1].context if index + 1 < len(diagnostics) else ()
+            text = "\n".join([*diagnostic.context, diagnostic.message, *after])
+            line = _link_error_line(text, source)
+            diagnostic = dataclasses.replace(diagnostic, user_line=line)
+        located.append(diagnostic)
+    return tuple(located)
+
+
+def _is_link_error(diagnostic: Diagnostic) -> bool:
+    """Whether the linker (or the driver's ``collect2``, for it) reported it."""
+    return diagnostic.file is not None and (
+        diagnostic.file == "collect2" or _LINKER.match(diagnostic.file) is not None
+    )
+
+
+def _link_error_line(text: str, source: str) -> int | None:
+    """The source line a linker's message is about (see :func:`locate_link_errors`)."""
+    symbol = _LINK_SYMBOL.search(text)
+    if symbol is None:
+        return None
+    name = plain_function_name(next(group for group in symbol.groups() if group))
+    function = _LINK_FUNCTION.search(text)
+    definitions = function_definitions(source)
+    start = None
+    if function is not None:
+        start = definitions.get(plain_function_name(next(g for g in function.groups() if g)))
+    mentions = [t.line for t in tokenize(source) if t.kind == "id" and t.text == name]
+    after = [line for line in mentions if start is None or line >= start]
+    return after[0] if after else start if start is not None else definitions.get(name)
 
 
 def first_error(diagnostics: tuple[Diagnostic, ...]) -> Diagnostic | None:
@@ -238,10 +291,10 @@ def failure_text(
         head = f"{library}: compile error at {place}:" if index == 0 else f"and at {place}:"
         message = error.message
         if error.file == "collect2" and error.context:  # "ld returned 1 exit status": say why
-            head = f"{library}: link error:"
+            head = f"{library}: link error at {place}:"
             message = "\n  ".join(error.context)
         elif error.file is not None and _LINKER.match(error.file):  # ld.lld: error: ...
-            head = f"{library}: link error:"
+            head = f"{library}: link error at {place}:"
             message = f"{error.file}: {message}"
         if error.file is not None and error.line is not None and not error.in_source:
             message += f"  [reported in {shorten_path(error.file)}:{error.line}]"

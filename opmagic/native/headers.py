@@ -28,11 +28,14 @@ import os
 import re
 import shlex
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from ..cachedir import (
     NO_SPACE,
@@ -45,15 +48,22 @@ from ..cachedir import (
     disk_full,
     fingerprint,
     private_problem,
+    read_json_file,
     read_record,
     remove_path,
     write_atomic,
 )
-from ..errors import OpmagicError
+from ..errors import BuildOptionError, OpmagicError
 from .blocks import scan_blocks
 from .compiler import run_step
 from .narrowing import NARROW_HEADERS, UMBRELLA_HEADERS, narrowable
-from .options import DEFAULT_OPT_LEVEL, BuildOptions, normalise_opt_level
+from .options import (
+    DEFAULT_OPT_LEVEL,
+    BuildOptions,
+    check_source_text,
+    normalise_opt_level,
+    split_flags,
+)
 from .toolchain import Toolchain, find_toolchain
 
 _HERE = Path(__file__).parent
@@ -68,6 +78,9 @@ PREAMBLE = "".join(PREAMBLE_PARTS.values())  # what every cache key includes
 MAX_UNCOVERED_FILES = 100
 PRECOMPILED_RECORD = "precompiled.json"  # size, SHA-256 and stat of prefix.h.gch when built
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+# what GCC's driver says of a compiler that a signal killed (the OOM killer sends SIGKILL)
+_KILLED = re.compile(r"Killed signal terminated program \S+|internal compiler error: Killed[^\n]*")
+_RETRIED: set[Path] = set()  # failed precompiles of killed compilers this process retried
 
 
 @dataclass(frozen=True)
@@ -233,8 +246,9 @@ def header_closure(
     """Every file ``headers`` include, transitively (``-M``; cached on disk)."""
     key = digest({"closure": headers, "flags": flags, **toolchain.identity()})
     path = cache.home / "prefix" / f"closure-{key}.json"
-    with contextlib.suppress(OSError, ValueError, TypeError):  # none yet, or damaged: redo
-        return frozenset(json.loads(path.read_text()))
+    recorded = read_json_file(path, list)  # None: none yet, or damaged: done again
+    if recorded is not None and all(isinstance(name, str) for name in recorded):
+        return frozenset(recorded)
     text = "".join(f"#include <{h}>\n" for h in headers)
     result = run_step(
         [*toolchain.compiler, *flags, "-M", "-x", "c++", "-"], cwd=cache.home, stdin=text
@@ -311,6 +325,7 @@ def prepare_prefix(
     repaired = f"precompiled {header_set.name} headers damaged ({damage})" if damage else ""
     if force:
         job.failed.unlink(missing_ok=True)
+    retried = job.retry_if_killed()
     if job.failed.is_file():
         return Prefix(header, header_set, False, note=f"precompiling failed: {job.failed}")
     if wait:
@@ -331,7 +346,7 @@ def prepare_prefix(
         header_set,
         False,
         note=f"the {header_set.name} headers are being precompiled in the background for the "
-        "next builds",
+        f"next builds{retried}",
         macros_file=macros_file,
         repaired=f"{repaired}: rebuilding in the background" if repaired else "",
         pending=(job,),
@@ -385,11 +400,14 @@ def _used_file(cache: BuildCache) -> Path:
 
 def _used(cache: BuildCache) -> list[tuple[str, tuple[str, ...]]]:
     """``(set name, flavours)`` of every prefix builds in this cache used, oldest first."""
-    try:
-        entries = json.loads(_used_file(cache).read_text())
-    except (OSError, ValueError):
-        return []
-    return [(name, tuple(flavours)) for name, flavours in entries if name in _SETS]
+    used = []
+    for entry in read_json_file(_used_file(cache), list) or []:  # damaged: none used
+        if not (isinstance(entry, list) and len(entry) == 2 and entry[0] in _SETS):
+            continue  # an entry of another shape: left out
+        name, flavours = entry
+        if isinstance(flavours, list) and flavours and set(flavours) <= {"classic", "stable"}:
+            used.append((name, tuple(flavours)))
+    return used
 
 
 def _remember_use(cache: BuildCache, header_set: HeaderSet, flavours: tuple[str, ...]) -> None:
@@ -426,6 +444,10 @@ def precompile_headers(
     them while they are), ``wait=True`` before returning. Headers already precompiled cost
     nothing.
     """
+    sources = _checked_sources(sources)
+    if not isinstance(wait, bool):
+        raise BuildOptionError(f"wait must be True or False, got {wait!r:.60}.")
+    split_flags(extra_cflags, "extra_cflags")  # checked whether or not sources are given
     toolchain = find_toolchain()
     if not toolchain.is_gcc:
         return
@@ -467,12 +489,29 @@ def precompile_headers(
     for name, flavours in dict.fromkeys(_used(cache) or FIRST_WARM_UP):
         header = _prefix_header(prefix_text(_SETS[name], flavours), flags, toolchain, cache)
         jobs.append((name, _Precompile(toolchain, flags, header)))
+        jobs[-1][1].retry_if_killed()
     if not wait:
         start_in_background([job for _, job in jobs], cache)
         return
     for name, job in jobs:
         if not job.done():
             job.run_now(cache, Stopwatch("headers", None), name)
+
+
+def _checked_sources(sources: object) -> tuple[str, ...] | None:
+    """``precompile_headers``'s sources as a tuple of texts (one text alone is one source)."""
+    if sources is None:
+        return None
+    if isinstance(sources, str):
+        return (sources,)
+    if isinstance(sources, (bytes, bytearray, torch.Tensor)) or not isinstance(sources, Iterable):
+        raise BuildOptionError(
+            f"sources must be a list of C++ sources (str), or None; got {sources!r:.60}."
+        )
+    sources = tuple(sources)
+    for source in sources:
+        check_source_text(source, "C++ source text")
+    return sources
 
 
 def precompile_headers_in_background() -> None:
@@ -540,6 +579,25 @@ class _Precompile:
             self.record.unlink(missing_ok=True)
         return damage
 
+    def retry_if_killed(self) -> str:
+        """Forget a failure of a compiler that was killed (the OOM killer's SIGKILL, say), once
+        per process: returns the note that says so, or "" (a real error is kept for good)."""
+        if self.failed in _RETRIED:
+            return ""
+        try:
+            log = self.failed.read_text(errors="replace")
+        except OSError:
+            return ""
+        killed = _KILLED.search(log)
+        if killed is None:
+            return ""
+        _RETRIED.add(self.failed)
+        self.failed.unlink(missing_ok=True)
+        return (
+            f" (the last precompile was killed: {killed[0]!r}, e.g. by the out-of-memory "
+            "killer; it is tried again, once per process)"
+        )
+
     def builder(self) -> int | None:
         """The pid of a live background process precompiling it, if any."""
         try:
@@ -579,17 +637,23 @@ class _Precompile:
 # The background process's shell function: precompile, then publish the header after the
 # record of its size and SHA-256 (the stat is added by the first build that checks it), or
 # remember a failure; a full disk and a compiler killed without an error are not remembered.
+# Every file it writes is made by mktemp (O_EXCL: never through a symlink planted in the
+# cache) and renamed into place (rename replaces a symlink, never its target).
 _BACKGROUND_PRECOMPILE = """
 precompile() {
-  partial=$1 precompiled=$2 record=$3 failed=$4 log=$5 marker=$6; shift 6
-  if "$@" >"$log" 2>&1; then
-    printf '{"size": %s, "sha256": "%s"}' "$(wc -c <"$partial")" \\
-      "$(sha256sum "$partial" | cut -d ' ' -f 1)" >"$record.partial" &&
-      mv -f "$record.partial" "$record" && mv -f "$partial" "$precompiled"
+  partial=$1 precompiled=$2 record=$3 failed=$4 marker=$5; shift 5
+  directory=$(dirname "$precompiled")
+  log=$(mktemp "$directory/.precompiling.XXXXXX") || return
+  if "$@" >>"$log" 2>&1; then
+    written=$(mktemp "$directory/.record.XXXXXX") &&
+      printf '{"size": %s, "sha256": "%s"}' "$(wc -c <"$partial")" \\
+        "$(sha256sum "$partial" | cut -d ' ' -f 1)" >>"$written" &&
+      mv -f "$written" "$record" && mv -f "$partial" "$precompiled"
   elif grep -q error "$log" && ! grep -qE NO_SPACE "$log"; then
-    { echo "$*"; cat "$log"; } >"$failed.partial" && mv -f "$failed.partial" "$failed"
+    written=$(mktemp "$directory/.failed.XXXXXX") &&
+      { echo "$*"; cat "$log"; } >>"$written" && mv -f "$written" "$failed"
   fi
-  rm -f "$partial" "$log" "$marker" "$record.partial" "$failed.partial"
+  rm -f "$partial" "$log" "$marker" "${written:-}"
 }
 """
 
@@ -611,15 +675,10 @@ def start_in_background(jobs: Sequence[_Precompile], cache: BuildCache) -> None:
         return
     steps = [_BACKGROUND_PRECOMPILE.replace("NO_SPACE", shlex.quote(NO_SPACE.pattern))]
     for job in pending:
-        files = (
-            job.header.with_name(f"prefix.h.gch.bg{os.getpid()}"),  # what the compiler writes
-            job.precompiled,
-            job.record,
-            job.failed,
-            job.header.with_name("precompiling.log"),
-            job.marker,
-        )
-        partial = files[0]
+        # what the compiler writes: a file of ours, made now (never a symlink planted there)
+        fd, partial = tempfile.mkstemp(prefix="prefix.h.gch.bg", dir=job.header.parent)
+        os.close(fd)
+        files = (Path(partial), job.precompiled, job.record, job.failed, job.marker)
         steps.append(shlex.join(["precompile", *map(str, files), *job.command(partial)]))
     process = subprocess.Popen(
         ["sh", "-c", "\n".join(steps)],
@@ -653,10 +712,8 @@ def macro_name(define: str) -> str:
 
 def _recorded_macros(path: Path) -> set[str]:
     """Macros recorded by :func:`record_macro` (none when the file is missing)."""
-    try:
-        return set(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return set()
+    recorded = read_json_file(path, list) or []  # missing or damaged: none recorded
+    return {name for name in recorded if isinstance(name, str)}
 
 
 def record_macro(path: Path, name: str) -> None:

@@ -25,7 +25,7 @@ from .diagnostics import where
 from .loader import NativeLibrary
 from .options import DEFAULT_OPT_LEVEL, BuildOptions
 from .pipeline import BuildInfo, BuildVariant, published_build
-from .probe import probe
+from .probe import mark_loaded, probe
 from .registration import Registration, SourceSite, register
 from .snapshots import NewKernel, NewOperator
 
@@ -55,7 +55,7 @@ class LoadedLibrary(Displayable):
     build: BuildInfo
     load_seconds: float  # mapping, registering and comparing the dispatcher
     _registration: Registration = field(repr=False)
-    notes: tuple[str, ...] = ()  # what loading it replaced, for its display
+    notes: tuple[str, ...] = ()  # what loading it replaced or found, for its display
     _tables: tuple[DispatchTable | OverloadTables, ...] = field(default=(), repr=False)
     options: BuildOptions | None = field(default=None, repr=False)  # what it was built with
 
@@ -166,10 +166,15 @@ def load_library(
     previous = (
         replace._registration if replace is not None and replace._registration.active else None
     )
-    probe(path, site, previous, options.source)
+    notes = probe(path, site, previous, options.source)
+    mark_loaded(built.directory)
     native = NativeLibrary(path, built.library_sha256 or None)
     registration = register(native, site, previous)
-    tables = _tables_of(registration.operators)
+    try:
+        tables = _tables_of(registration.operators)
+    except BaseException:  # Ctrl-C, say: nobody would hold the registration to undo it
+        registration.close()
+        raise
     return LoadedLibrary(
         name=options.name,
         key=request.key,
@@ -184,6 +189,7 @@ def load_library(
         build=built,
         load_seconds=time.perf_counter() - started,
         _registration=registration,
+        notes=notes,
         _tables=tables,
         options=options,
     )

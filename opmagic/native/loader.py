@@ -74,6 +74,15 @@ class NativeLibrary:
         """Remove every registration :meth:`init` made."""
         self._lib.opmagic_fini()
 
+    def run_exit_handlers(self) -> None:
+        """Run what ``exit()`` runs of the library: its static objects' destructors and the
+        ``atexit`` handlers it registered (``__cxa_finalize`` of its handle). Only the probe's
+        child does, to see that they neither crash nor hang before this process meets them."""
+        self._lib.opmagic_dso_handle.restype = ctypes.c_void_p
+        finalize = getattr(ctypes.CDLL(None), "__cxa_finalize")
+        finalize.argtypes = (ctypes.c_void_p,)
+        finalize(self._lib.opmagic_dso_handle())
+
 
 _MAPPED: list[NativeLibrary] = []  # every library ever loaded: never unmapped
 

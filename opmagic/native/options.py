@@ -14,9 +14,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..dispatch.ops import is_identifier
 from ..errors import BuildOptionError
 from .blocks import scan_blocks
+from .flag_rules import refuse_writing_flags
 
 OPT_LEVELS = ("0", "1", "2", "3", "s", "g")
 DEFAULT_OPT_LEVEL = "1"  # builds ~25% faster than -O2; ask for 2 or 3 to time kernels
@@ -24,17 +27,8 @@ DEFAULT_NAME = "opmagic_library"
 MAX_NAME_LENGTH = 100  # the name is part of file names (lib<name>.so, <name>.cpp, memfd names)
 # flags whose next argument is a path (made absolute: compiles run in a scratch directory)
 PATH_FLAGS = ("-I", "-L", "-include", "-imacros", "-isystem", "-iquote", "-idirafter")
-# flags that stop the compiler before it writes the object a build links, or redirect it
-OUTPUT_FLAGS = {
-    "-E": "it only preprocesses",
-    "-S": "it stops at assembly",
-    "-fsyntax-only": "it only checks the syntax and writes no object file",
-    "-c": "opmagic compiles and links in separate steps",
-    "-o": "opmagic names the files it writes",
-    "--help": "it prints help instead of compiling",
-    "--version": "it prints the version instead of compiling",
-    "-###": "it prints the commands instead of running them",
-}
+# flags with the path joined to them: -I., -L../lib, response files @flags.txt, -Wl,@link.txt
+JOINED_PATH_FLAGS = ("-I", "-L", "@", "-Wl,@")
 
 
 @dataclass(frozen=True)
@@ -76,11 +70,7 @@ class BuildOptions:
         Raises :class:`~opmagic.errors.BuildOptionError` for the first bad one.
         """
         language = "CUDA C++" if cuda else "C++"
-        if not isinstance(source, str):
-            raise BuildOptionError(
-                f"The source must be {language} source text (a str), got "
-                f"{type(source).__name__}."
-            )
+        check_source_text(source, f"{language} source text")
         if not source.strip():
             raise BuildOptionError(
                 f"The source is empty: write {language} with TORCH_LIBRARY / "
@@ -88,12 +78,10 @@ class BuildOptions:
             )
         source = source.rstrip() + "\n"
         name = _library_name(name, source)
-        cflags, defines = _split_defines(
-            _absolute_paths(split_flags(extra_cflags, "extra_cflags"))
-        )
+        cflags, defines = _split_defines(_absolute_paths(split_flags(extra_cflags, "extra_cflags")))
         ldflags = _absolute_paths(split_flags(extra_ldflags, "extra_ldflags"))
-        _refuse_output_flags(cflags, "extra_cflags")
-        _refuse_output_flags(ldflags, "extra_ldflags")
+        refuse_writing_flags(cflags, "extra_cflags")
+        refuse_writing_flags(ldflags, "extra_ldflags")
         includes = tuple(str(Path(d).expanduser().absolute()) for d in include_paths(include_dirs))
         missing = [d for d in includes if not os.path.isdir(d)]
         if missing:
@@ -140,6 +128,22 @@ def _library_name(name: str | None, source: str) -> str:
     return name
 
 
+def check_source_text(source: object, what: str) -> None:
+    """``source`` is text the compiler can read: a str that encodes as UTF-8 (a notebook's
+    JSON can hold a lone surrogate, ``\udcff``, which no file can)."""
+    if not isinstance(source, str):
+        raise BuildOptionError(f"The source must be {what} (a str), got {type(source).__name__}.")
+    try:
+        source.encode("utf-8")
+    except UnicodeEncodeError as error:
+        line = source.count("\n", 0, error.start) + 1
+        raise BuildOptionError(
+            f"The source is not UTF-8 text: line {line} holds {source[error.start]!r}, a lone "
+            "surrogate that no file can hold (text decoded with errors='surrogateescape'?). "
+            "Remove it, or decode the text with its real encoding."
+        ) from None
+
+
 def check_source_position(label: object, first_line: object) -> None:
     """``label``/``first_line`` (how messages name the source) of the right types."""
     if type(first_line) is not int or first_line < 1:
@@ -158,7 +162,7 @@ def split_flags(flags: Sequence[str] | str, what: str) -> tuple[str, ...]:
                 f"{what} cannot be split into flags ({error}): {flags!r}. Close the quote, or "
                 "pass a list of flags."
             ) from None
-    if isinstance(flags, (bytes, bytearray)) or not isinstance(flags, Iterable):
+    if isinstance(flags, (bytes, bytearray, torch.Tensor)) or not isinstance(flags, Iterable):
         raise BuildOptionError(
             f"{what} must be a string of flags or a list of strings, got {flags!r}."
         )
@@ -173,9 +177,7 @@ def include_paths(directories: Sequence[str | os.PathLike] | str | os.PathLike) 
     if isinstance(directories, (str, os.PathLike)):
         directories = [directories]
     if isinstance(directories, (bytes, bytearray)) or not isinstance(directories, Iterable):
-        raise BuildOptionError(
-            f"include_dirs must be a list of directories, got {directories!r}."
-        )
+        raise BuildOptionError(f"include_dirs must be a list of directories, got {directories!r}.")
     paths = []
     for directory in directories:
         if not isinstance(directory, (str, os.PathLike)) or isinstance(directory, bytes):
@@ -188,7 +190,8 @@ def include_paths(directories: Sequence[str | os.PathLike] | str | os.PathLike) 
 
 def _absolute_paths(flags: tuple[str, ...]) -> tuple[str, ...]:
     """Path arguments of flags made absolute: the compiler runs in a scratch directory, so
-    ``-I.`` or ``-include config.h`` must mean the user's working directory, not that one."""
+    ``-I.``, ``-include config.h`` or a response file ``@flags.txt`` (``-Wl,@link.txt``)
+    must mean the user's working directory, not that one."""
     absolute: list[str] = []
     pending = False
     for flag in flags:
@@ -199,27 +202,16 @@ def _absolute_paths(flags: tuple[str, ...]) -> tuple[str, ...]:
             absolute.append(flag)
             pending = True
         else:
-            joined = next((p for p in ("-I", "-L") if flag.startswith(p) and len(flag) > 2), None)
-            absolute.append(joined + _absolute(flag[2:]) if joined else flag)
+            joined = next(
+                (p for p in JOINED_PATH_FLAGS if flag.startswith(p) and len(flag) > len(p)), None
+            )
+            absolute.append(joined + _absolute(flag[len(joined) :]) if joined else flag)
     return tuple(absolute)
 
 
 def _absolute(path: str) -> str:
     """``path`` from the working directory, unless already absolute (or empty)."""
     return os.path.abspath(os.path.expanduser(path)) if path else path
-
-
-def _refuse_output_flags(flags: tuple[str, ...], what: str) -> None:
-    """Flags that change what the compiler writes (or stop it early) break the build."""
-    for flag in flags:
-        reason = OUTPUT_FLAGS.get(flag) or (
-            "opmagic writes the dependency file itself" if flag.startswith("-M") else None
-        )
-        if reason is not None:
-            raise BuildOptionError(
-                f"{what} has {flag}, which a build cannot use: {reason}. Leave it out (opmagic "
-                "compiles, links and loads the library itself)."
-            )
 
 
 def _split_defines(flags: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from ..cachedir import (
     NO_SPACE,
     NO_SPACE_ERRORS,
+    READ_ONLY_ERRORS,
     BuildCache,
     ProgressCallback,
     Stopwatch,
@@ -39,8 +40,27 @@ from ..cachedir import (
 )
 from ..errors import BuildOptionError, CompileError, MissingHeadersError
 from .compiler import StepResult, run_step
-from .diagnostics import failure_text, first_error, parse_diagnostics, renumber_log
+from .diagnostics import (
+    failure_text,
+    first_error,
+    locate_link_errors,
+    parse_diagnostics,
+    renumber_log,
+)
 from .headers import PREAMBLE, Prefix, macro_name, prepare_prefix, record_macro
+from .inputs import (
+    LINK_DEPENDENCIES,
+    STARTED_MARKER,
+    build_inputs,
+    changed_input,
+    include_misses,
+    include_search,
+    linker_dependency_flags,
+    mark_started,
+    record_files,
+    started_ns,
+    valid_file_record,
+)
 from .narrowing import narrow_include_dir, narrowable
 from .options import BuildOptions
 from .toolchain import INSTALL_PYTHON_HEADERS, Toolchain, find_toolchain
@@ -48,7 +68,6 @@ from .toolchain import INSTALL_PYTHON_HEADERS, Toolchain, find_toolchain
 _MISSING_PYTHON_H = re.compile(r"\bPython\.h: No such file or directory")
 _PCH_REJECTED = re.compile(r"\.gch: not used because (.*?) \[-Winvalid-pch\]")
 _QUOTED_NAME = re.compile(r"`(\w+)'")
-_MAKE_WORD = re.compile(r"(?:\\[ #]|[^\s])+")  # a word of a make rule: "\ " is a space in it
 
 
 @dataclass(frozen=True)
@@ -137,8 +156,8 @@ def published_build(
     try:
         return request, _cached_or_built(request, toolchain, cache, progress)
     except OSError as error:
-        if error.errno in NO_SPACE_ERRORS:
-            raise disk_full(str(error)) from None
+        if error.errno in (*NO_SPACE_ERRORS, *READ_ONLY_ERRORS):
+            raise cache.unwritable(error, f"build lib{options.name}.so") from None
         raise
 
 
@@ -177,6 +196,7 @@ def _cached_or_built(
             stopwatch.report(f"the cached build was damaged ({damage}); rebuilding")
         try:
             with cache.publishing(request.key, directory) as scratch:
+                mark_started(scratch)
                 steps: BuildSteps = request.variant.build if request.variant else _build
                 built = steps(request, toolchain, cache, scratch, stopwatch)
         except BaseException:
@@ -191,25 +211,21 @@ def _cached_or_built(
 
 def _recorded_build(directory: Path, library: str) -> tuple[BuildInfo | None, str]:
     """``(the published build in directory, "")``, or ``(None, why it cannot be used)``: the
-    reason is "" when there is simply none, or an input the compiler read changed since."""
+    reason is "" when there is simply none, or something the build read changed since (a
+    file's content, a file the include search would now find first)."""
     record, damage = read_record(directory, "build.json")
     if record is None:
         return None, damage
-    try:
-        library_record = record["library"]
-        inputs = [(str(path), int(size), int(mtime)) for path, size, mtime in record["inputs"]]
-    except (KeyError, TypeError, ValueError):  # recorded by an older opmagic: build it again
-        return None, ""
-    problem = artifact_problem(directory / library, library_record, rehash=True)
+    problem = _record_problem(record)
+    if problem is not None:
+        return None, f"its record build.json {problem}"
+    problem = artifact_problem(directory / library, record["library"], rehash=True)
     if problem is not None:
         return None, problem
-    for path, size, mtime_ns in inputs:
-        try:
-            info = os.stat(path)
-        except OSError:
-            return None, ""
-        if (info.st_size, info.st_mtime_ns) != (size, mtime_ns):
-            return None, ""
+    if any(changed_input(entry) for entry in record["inputs"]) or any(
+        os.path.lexists(path) for path in record["absent"]
+    ):
+        return None, ""
     return (
         BuildInfo(
             cached=True,
@@ -224,12 +240,43 @@ def _recorded_build(directory: Path, library: str) -> tuple[BuildInfo | None, st
             log=record["log"],
             note=record["note"],
             source_name=record["source_name"],
-            cuda_mode=record.get("cuda_mode", ""),
-            archs=tuple(record.get("archs", ())),
-            library_sha256=library_record["sha256"],
+            cuda_mode=record["cuda_mode"],
+            archs=tuple(record["archs"]),
+            library_sha256=record["library"]["sha256"],
         ),
         "",
     )
+
+
+# what every build.json holds: key -> the types its value may have
+_RECORD_FIELDS: dict[str, tuple[type, ...]] = {
+    "header_set": (str, type(None)),
+    "precompiled": (bool,),
+    "commands": (list,),
+    "log": (str,),
+    "note": (str,),
+    "source_name": (str,),
+    "cuda_mode": (str,),
+    "archs": (list,),
+    "inputs": (list,),
+    "absent": (list,),
+    "library": (dict,),
+}
+
+
+def _record_problem(record: dict) -> str | None:
+    """What is wrong with the shape of a build record (a key missing, a value of another
+    type), or None: a record of the wrong shape is treated as damaged, never trusted."""
+    for key, types in _RECORD_FIELDS.items():
+        if not isinstance(record.get(key, ...), types):
+            return f"has no valid {key!r}"
+    if not all(isinstance(s, str) for s in [*record["commands"], *record["archs"]]):
+        return "has commands or architectures that are not text"
+    if not all(isinstance(p, str) for p in record["absent"]):
+        return "has an include search record that is not a list of paths"
+    if not all(valid_file_record(entry) for entry in record["inputs"]):
+        return "has an input record of the wrong shape"
+    return None
 
 
 def _build(
@@ -261,7 +308,9 @@ def _build(
     linked = link(request, toolchain, scratch, stopwatch, [unit.object_name])
     if linked.returncode != 0:
         raise compile_error(request, toolchain, linked, source_name)
-    return publish(request, scratch, stopwatch, unit, [unit.step, linked], source_name)
+    return publish(
+        request, toolchain, cache, scratch, stopwatch, unit, [unit.step, linked], source_name
+    )
 
 
 @dataclass(frozen=True)
@@ -361,6 +410,7 @@ def link(
             f"lib{request.options.name}.so",
             *extra_flags,
             *request.link_flags,
+            *linker_dependency_flags(toolchain),
         ],
         cwd=scratch,
         stopwatch=stopwatch,
@@ -370,6 +420,8 @@ def link(
 
 def publish(
     request: BuildRequest,
+    toolchain: Toolchain,
+    cache: BuildCache,
     scratch: Path,
     stopwatch: Stopwatch,
     unit: CompiledUnit | None,
@@ -383,7 +435,8 @@ def publish(
     device_seconds: float = 0.0,
     note: str = "",
 ) -> BuildInfo:
-    """Record a finished build in ``scratch/build.json`` (intermediate files removed).
+    """Record a finished build in ``scratch/build.json`` (intermediate files removed), with
+    what it read (:mod:`.inputs`).
 
     ``unit``: the translation unit compiled with the torch prefix header, if any (its
     precompiled header may have been refused: a macro of the user's is then recorded so
@@ -406,6 +459,13 @@ def publish(
         leftovers = [unit.object_name, *leftovers]
     log = "\n".join(step.output for step in steps if step.output.strip())
     compile_seconds = sum(s.seconds for s in steps[:-1]) - device_seconds
+    options = request.options
+    read = build_inputs(
+        scratch, deps_files, [*options.cflags, *options.ldflags, *options.defines], cache.home
+    )
+    search_flags = (*request.flags, *(f"-I{d}" for d in options.include_dirs))
+    environment = tuple(sorted(compile_env(toolchain, cache).items()))
+    search = include_search(toolchain.compiler, search_flags, environment)
     record: dict[str, Any] = {
         "header_set": header_set.name if header_set else None,
         "precompiled": precompiled,
@@ -415,12 +475,13 @@ def publish(
         "source_name": source_name,
         "cuda_mode": cuda_mode,
         "archs": list(archs),
-        "inputs": compiler_inputs(scratch, deps_files),
+        "inputs": record_files(read, started_ns(scratch)),
+        "absent": include_misses(options.source, read, search),
         "library": artifact_record(scratch / f"lib{request.options.name}.so"),
         "compile_seconds": compile_seconds,
         "link_seconds": steps[-1].seconds,
     }
-    for leftover in [*leftovers, *deps_files]:
+    for leftover in [*leftovers, *deps_files, LINK_DEPENDENCIES, STARTED_MARKER]:
         (scratch / leftover).unlink(missing_ok=True)
     write_atomic(scratch / "build.json", json.dumps(record, indent=1))
     return BuildInfo(
@@ -459,48 +520,13 @@ def compile_env(toolchain: Toolchain, cache: BuildCache) -> dict[str, str]:
     return env
 
 
-def compiler_inputs(scratch: Path, deps_files: Iterable[str]) -> list[tuple[str, int, int]]:
-    """``(path, size, mtime_ns)`` of every file the compiler read, as its dependency files
-    (``-MD``) name them, but the sources written in ``scratch``: headers found through
-    ``-I``, ``CPATH`` or an absolute ``#include``, ``-include`` files, system headers."""
-    inputs: set[tuple[str, int, int]] = set()
-    for deps in deps_files:
-        for name in dependency_names(scratch / deps):
-            path = os.path.normpath(os.path.join(scratch, name))  # relative: to the compile
-            if path.startswith(os.path.join(scratch, "")):
-                continue
-            info = os.stat(path)
-            inputs.add((path, info.st_size, info.st_mtime_ns))
-    return sorted(inputs)
-
-
-def dependency_names(deps_file: Path) -> list[str]:
-    """The prerequisites a compiler's make-style dependency file lists (targets left out)."""
-    if not deps_file.is_file():
-        return []
-    text = deps_file.read_text(errors="surrogateescape").replace("\\\n", " ")
-    names: list[str] = []
-    for line in text.splitlines():
-        words = [
-            re.sub(r"\\([ #])", r"\1", word).replace("$$", "$")
-            for word in _MAKE_WORD.findall(line)
-        ]
-        if ":" in words:  # nvcc writes "target : prerequisites"
-            names += words[words.index(":") + 1 :]
-        elif words and words[0].endswith(":"):
-            names += words[1:]
-        else:
-            names += [word for word in words if not word.endswith(":")]
-    return names
-
-
 def compile_error(
     request: BuildRequest, toolchain: Toolchain, step: StepResult, source_name: str
 ) -> Exception:
     """The exception for a failed compile or link: its errors at their source lines, and the
     compiler's output with the source's lines numbered as the user sees them."""
     options = request.options
-    diagnostics = parse_diagnostics(step.output, source_name)
+    diagnostics = locate_link_errors(parse_diagnostics(step.output, source_name), options.source)
     error = first_error(diagnostics)
     if error is not None and _MISSING_PYTHON_H.search(error.message):
         return MissingHeadersError(

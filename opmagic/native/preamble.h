@@ -146,6 +146,13 @@ OPMAGIC_EXPORT void opmagic_fini() {
   opmagic_preamble::destroy_libraries();
 }
 
+// This library's handle for __cxa_finalize, which runs the destructors of its static objects
+// and the atexit() handlers it registered (as exit() would): opmagic tries them in a child.
+extern void* __dso_handle __attribute__((visibility("hidden")));  // what GCC and Clang define
+OPMAGIC_EXPORT void* opmagic_dso_handle() {
+  return &__dso_handle;
+}
+
 #undef OPMAGIC_EXPORT
 
 #endif  // OPMAGIC_PREAMBLE_H

@@ -38,29 +38,30 @@ inline Owner create_classic(const Block& block, const char* file) {
 // The registration macros, as in torch/library.h, but deferred (and without __FILE__: the
 // registration site is the file name given to opmagic_init, so builds in different
 // directories produce identical objects). c10::DispatchKey::k checks the key when compiling.
-#define OPMAGIC_CLASSIC_BLOCK(macro, kind, ns, k, key_id, init, recorder)              \
+// `var` is the block's own name for its library (TORCH_LIBRARY(ns, lib) names it lib).
+#define OPMAGIC_CLASSIC_BLOCK(macro, kind, ns, k, key_id, var, init, recorder)         \
   static void init(::torch::Library&);                                                 \
   static const ::opmagic_preamble::Deferred recorder(::opmagic_preamble::Block{        \
       macro, ::opmagic_preamble::Kind::kind, C10_STRINGIZE(ns), k, key_id, __LINE__,  \
       reinterpret_cast<::opmagic_preamble::AnyInit>(&init),                            \
       &::opmagic_preamble::create_classic});                                           \
-  void init(::torch::Library& m)
+  void init(::torch::Library& var)
 
 #undef TORCH_LIBRARY
 #define TORCH_LIBRARY(ns, m)                                                       \
-  OPMAGIC_CLASSIC_BLOCK("TORCH_LIBRARY", DEF, ns, "", -1, TORCH_LIBRARY_init_##ns, \
+  OPMAGIC_CLASSIC_BLOCK("TORCH_LIBRARY", DEF, ns, "", -1, m, TORCH_LIBRARY_init_##ns, \
                         TORCH_LIBRARY_static_init_##ns)
 
 #undef _TORCH_LIBRARY_FRAGMENT
 #define _TORCH_LIBRARY_FRAGMENT(ns, m, uid)                                          \
-  OPMAGIC_CLASSIC_BLOCK("TORCH_LIBRARY_FRAGMENT", FRAGMENT, ns, "", -1,              \
+  OPMAGIC_CLASSIC_BLOCK("TORCH_LIBRARY_FRAGMENT", FRAGMENT, ns, "", -1, m,           \
                         C10_CONCATENATE(TORCH_LIBRARY_FRAGMENT_init_##ns##_, uid),   \
                         C10_CONCATENATE(TORCH_LIBRARY_FRAGMENT_static_init_##ns##_, uid))
 
 #undef _TORCH_LIBRARY_IMPL
 #define _TORCH_LIBRARY_IMPL(ns, k, m, uid)                                                  \
   OPMAGIC_CLASSIC_BLOCK("TORCH_LIBRARY_IMPL", IMPL, ns, C10_STRINGIZE(k),                   \
-                        static_cast<int>(c10::DispatchKey::k),                              \
+                        static_cast<int>(c10::DispatchKey::k), m,                           \
                         C10_CONCATENATE(TORCH_LIBRARY_IMPL_init_##ns##_##k##_, uid),        \
                         C10_CONCATENATE(TORCH_LIBRARY_IMPL_static_init_##ns##_##k##_, uid))
 

@@ -64,28 +64,29 @@ inline Owner create_stable(const Block& block, const char* file) {
 }  // namespace opmagic_preamble
 }  // namespace
 
-#define OPMAGIC_STABLE_BLOCK(macro, kind, ns, k, init, recorder)                          \
+// `var` is the block's own name for its library (STABLE_TORCH_LIBRARY(ns, lib) names it lib).
+#define OPMAGIC_STABLE_BLOCK(macro, kind, ns, k, var, init, recorder)                     \
   static void init(::opmagic_preamble::StableLibrary&);                                   \
   static const ::opmagic_preamble::Deferred recorder(::opmagic_preamble::Block{           \
       macro, ::opmagic_preamble::Kind::kind, C10_STRINGIZE(ns), k, -1, __LINE__,         \
       reinterpret_cast<::opmagic_preamble::AnyInit>(&init),                               \
       &::opmagic_preamble::create_stable});                                               \
-  void init(::opmagic_preamble::StableLibrary& m)
+  void init(::opmagic_preamble::StableLibrary& var)
 
 #undef STABLE_TORCH_LIBRARY
 #define STABLE_TORCH_LIBRARY(ns, m)                                      \
-  OPMAGIC_STABLE_BLOCK("STABLE_TORCH_LIBRARY", DEF, ns, "",              \
+  OPMAGIC_STABLE_BLOCK("STABLE_TORCH_LIBRARY", DEF, ns, "", m,           \
                        STABLE_TORCH_LIBRARY_init_##ns, STABLE_TORCH_LIBRARY_static_init_##ns)
 
 #undef _STABLE_TORCH_LIBRARY_FRAGMENT
 #define _STABLE_TORCH_LIBRARY_FRAGMENT(ns, m, uid)                                        \
-  OPMAGIC_STABLE_BLOCK("STABLE_TORCH_LIBRARY_FRAGMENT", FRAGMENT, ns, "",                 \
+  OPMAGIC_STABLE_BLOCK("STABLE_TORCH_LIBRARY_FRAGMENT", FRAGMENT, ns, "", m,              \
                        C10_CONCATENATE(STABLE_TORCH_LIBRARY_FRAGMENT_init_##ns##_, uid), \
                        C10_CONCATENATE(STABLE_TORCH_LIBRARY_FRAGMENT_static_init_##ns##_, uid))
 
 #undef _STABLE_TORCH_LIBRARY_IMPL
 #define _STABLE_TORCH_LIBRARY_IMPL(ns, k, m, uid)                                              \
-  OPMAGIC_STABLE_BLOCK("STABLE_TORCH_LIBRARY_IMPL", IMPL, ns, C10_STRINGIZE(k),                \
+  OPMAGIC_STABLE_BLOCK("STABLE_TORCH_LIBRARY_IMPL", IMPL, ns, C10_STRINGIZE(k), m,             \
                        C10_CONCATENATE(STABLE_TORCH_LIBRARY_IMPL_init_##ns##_##k##_, uid),     \
                        C10_CONCATENATE(STABLE_TORCH_LIBRARY_IMPL_static_init_##ns##_##k##_, uid))
 

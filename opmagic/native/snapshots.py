@@ -58,18 +58,50 @@ def snapshot(namespaces: Iterable[str]) -> Snapshot:
     prefixes = tuple(f"{ns}::" for ns in set(namespaces))
     if not prefixes:
         return {}
-    state: Snapshot = {}
-    for name in dispatcher.all_op_names():
-        if name.startswith(prefixes):
-            text = dispatcher.dump_registrations(name)
-            state[name] = OperatorState(
-                _header(text, "schema"),
-                _header(text, "debug"),
-                frozenset(
-                    (r.key, r.is_alias, r.site, r.active) for r in parse_registrations(text)
-                ),
-            )
-    return state
+    return {
+        name: _state(dispatcher.dump_registrations(name))
+        for name in dispatcher.all_op_names()
+        if name.startswith(prefixes)
+    }
+
+
+def _state(text: str) -> OperatorState:
+    """An operator's state from its ``_dispatch_dump`` text."""
+    return OperatorState(
+        _header(text, "schema"),
+        _header(text, "debug"),
+        frozenset((r.key, r.is_alias, r.site, r.active) for r in parse_registrations(text)),
+    )
+
+
+def whole_dispatcher() -> dict[str, str]:
+    """Every operator of every namespace, as the dispatcher prints its registrations: two of
+    them tell what changed anywhere (about 0.3 s for torch's ~3,600 operators)."""
+    return {name: dispatcher.dump_registrations(name) for name in dispatcher.all_op_names()}
+
+
+def registrations_left(before: dict[str, str], after: dict[str, str]) -> dict[str, list[str]]:
+    """What ``after`` (a :func:`whole_dispatcher`) has that ``before`` had not: per operator
+    whose registrations differ, the sites of its definition and kernels that are new."""
+    left: dict[str, list[str]] = {}
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) == after.get(name):
+            continue
+        old, new = _sites(before.get(name)), _sites(after.get(name))
+        added = [site for site in new if site not in old]
+        gone = [f"(gone: {site})" for site in old if site not in new]
+        if added or gone:  # not only the order or the flags of the same registrations
+            left[name] = added + gone
+    return left
+
+
+def _sites(text: str | None) -> list[str]:
+    """The registration sites in an operator's ``_dispatch_dump`` text (definition first)."""
+    if text is None:
+        return []
+    state = _state(text)
+    sites = [state.def_site, *(kernel[2] for kernel in sorted(state.kernels))]
+    return list(dict.fromkeys(site for site in sites if site))
 
 
 def _header(text: str, field: str) -> str | None:

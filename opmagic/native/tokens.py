@@ -64,3 +64,43 @@ def _only_blanks_before(source: str, position: int) -> bool:
     """Whether only spaces and tabs precede ``position`` on its line (where directives start)."""
     line_start = source.rfind("\n", 0, position) + 1
     return not source[line_start:position].strip(" \t")
+
+
+def plain_function_name(function: str) -> str:
+    """``foo`` of ``ns::foo(int) const`` or of ``foo()::{lambda()#1}::operator()() const``."""
+    function = function.split("::{lambda", 1)[0]
+    depth, cut = 0, len(function)
+    for index, char in enumerate(function):  # drop the parameters (and template arguments)
+        if char in "<(":
+            if depth == 0 and char == "(":
+                cut = index
+                break
+            depth += 1
+        elif char in ">)":
+            depth -= 1
+    name = re.sub(r"<.*>", "", function[:cut])
+    return name.rsplit("::", 1)[-1].strip()
+
+
+def function_definitions(source: str) -> dict[str, int]:
+    """The line of each function the source defines (``name(...) ... {``), first one wins."""
+    tokens = tokenize(source)
+    found: dict[str, int] = {}
+    for index, token in enumerate(tokens[:-1]):
+        if token.kind != "id" or tokens[index + 1].text != "(" or token.text in found:
+            continue
+        depth, position = 0, index + 1
+        while position < len(tokens):
+            text = tokens[position].text
+            depth += text == "("
+            depth -= text == ")"
+            position += 1
+            if depth == 0:
+                break
+        for follower in tokens[position : position + 12]:
+            if follower.text in ("{", ":"):
+                found[token.text] = token.line
+                break
+            if follower.text in (";", ",", ")", "=", "}"):
+                break
+    return found

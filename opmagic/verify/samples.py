@@ -82,6 +82,7 @@ class TensorSpec:
 
     def build(self, what: str, batch: int | None = None) -> torch.Tensor:
         """The tensor (with a leading ``batch`` dimension for vmap); ``what`` names it in errors."""
+        self._check_fields(what)
         dtype = DTYPES[self.dtype]
         self._check(what, dtype)
         shape = _parse_shape(what, self.shape)
@@ -105,6 +106,25 @@ class TensorSpec:
             return tensor.to_sparse().to(self.device) if sparse else tensor
         except Exception as exc:  # torch raises many types here (AssertionError without CUDA)
             raise SampleError(f"{what}: torch cannot make this tensor: {exc}") from exc
+
+    def _check_fields(self, what: str) -> None:
+        """Each field one of the values the explorer offers (set from code, it may not be)."""
+        choices = {"dtype": tuple(DTYPES), "layout": LAYOUTS, "view": VIEWS}
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise SampleError(
+                    f"{what}: {name} is one of {', '.join(allowed)}; got {value!r:.40}."
+                )
+        if not isinstance(self.requires_grad, bool):
+            raise SampleError(
+                f"{what}: requires_grad is True or False; got {self.requires_grad!r:.40}."
+            )
+        for name in ("device", "shape"):
+            if not isinstance(getattr(self, name), str):
+                raise SampleError(
+                    f"{what}: {name} is a text ('cpu', '2, 3'); got {getattr(self, name)!r:.40}."
+                )
 
     def _check(self, what: str, dtype: torch.dtype) -> None:
         """Combinations torch has no tensor for, each with the fix."""

@@ -10,6 +10,8 @@ reach the compiler are tested with the real one in tests/native.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,6 +46,11 @@ def shell(ipython, build_cache) -> Iterator[Any]:
     with capture_output():
         for cell in (
             "import torch\nfrom torch import Tensor\nx = torch.ones(2)",
+            # tensors most code never meets, for %dispatch --fake and %%trace
+            "import warnings\nwarnings.simplefilter('ignore')\n"
+            "q = torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)\n"
+            "nt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])\n"
+            "m = torch.ones(2, device='meta')",
             "%%custom_op hz::keep\ndef keep(x: Tensor) -> Tensor:\n    return x + 1\n",
             f"%%torch_library\n{op_source('hz_kept')}",
         ):
@@ -105,8 +112,10 @@ _WORD = st.one_of(
     st.sampled_from(["'a b'", '"c d"', "'", '"', "x" * 300, "(" * 50]),
 )
 _LINE = st.lists(_WORD, max_size=7).map(" ".join)
+# OPMAGIC_HOSTILE_EXAMPLES examples per test (default 120: CI's share; see
+# tests/test_hostile_api.py for the full run)
 _SETTINGS = settings(
-    max_examples=120,
+    max_examples=int(os.environ.get("OPMAGIC_HOSTILE_EXAMPLES", "120")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -193,6 +202,12 @@ _CALL = st.one_of(
             "torch.ops.aten.add(",
             "keep(x)",
             "(lambda: 0)()",
+            "torch.ops.aten.add(q, q)",
+            "torch.ops.aten.add(nt, nt)",
+            "torch.ops.aten.mul(m, m)",
+            "torch.ops.aten.add(x, 10**30)",
+            "torch.ops.hz.keep(q)",
+            "torch.ops.hz_kept.scale(nt)",
         ]
     ),
     st.text(st.characters(codec="utf-8", exclude_characters=_LINE_BREAKS), max_size=30).map(
@@ -297,6 +312,45 @@ def test_generated_custom_op_cells(shell, statements, name):
 )
 def test_generated_torch_library_cells(shell, no_builds, source):
     _run(shell, f"%%torch_library\n{source}")
+    _earlier_ops_work()
+
+
+# the user's own errors, and the calls %%trace records, odd tensors among them
+_TRACED = st.sampled_from(
+    [
+        "raise ValueError('mine')",
+        "def f(t):\n    return t.view(3)\nf(x)",
+        "torch.ones(2) + torch.ones(3)",
+        "torch.ops.aten.add(q, q)",
+        "nt + 1",
+        "m * 2",
+        "torch.ops.hz.keep(x, x)",
+        "torch.ops.hz_kept.scale(m)",
+        "[][1]",
+        "1 / 0",
+        "import nonexistent_module",
+        "x.sum()",
+        "y = x * 2",
+        "def g():\n    g()\ng()",
+    ]
+)
+_OPMAGIC_FRAME = re.compile(r"File [^\n]*/opmagic/")
+
+
+@pytest.mark.slow
+@_SETTINGS
+@given(
+    statements=st.lists(_TRACED, min_size=1, max_size=3),
+    options=st.sampled_from(["", "--fake", "--no-grad", "--autocast cpu", "--view frame"]),
+)
+def test_generated_trace_cells_show_users_errors_with_their_frames_only(
+    shell, statements, options
+):
+    cell = f"%%trace {options}\n" + "\n".join(statements) + "\n"
+    with capture_output() as captured:
+        shell.run_cell(cell, store_history=True)
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", captured.stdout + captured.stderr)
+    assert not _OPMAGIC_FRAME.search(shown), f"{shown[-3000:]}\n--- cell:\n{cell}"
     _earlier_ops_work()
 
 

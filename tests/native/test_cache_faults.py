@@ -3,6 +3,7 @@ trusted. Loading a damaged library could end the process, so those builds run in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from opmagic.cachedir import artifact_problem, artifact_record
+from opmagic.cachedir import artifact_problem, artifact_record, remove_path
 from opmagic.native import compile_library, precompile_headers
 
 from .sources import op_source
@@ -313,3 +315,226 @@ def test_a_damaged_precompiled_header_is_rebuilt_and_force_rebuilds_a_forged_one
     finally:
         for library in libraries:
             library.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "shape",
+    ["{}", "null", "[]", '"text"', "missing commands", "inputs of numbers", "library null"],
+)
+def test_a_record_of_the_wrong_shape_is_rebuilt_with_a_note(loaded, shape):
+    source = op_source("cf_shape_" + "".join(c for c in shape if c.isalnum()))
+    first = compile_library(source, progress=None)
+    first.close()
+    record_file = first.path.parent / "build.json"
+    record = json.loads(record_file.read_text())
+    damaged = {
+        "missing commands": {k: v for k, v in record.items() if k != "commands"},
+        "inputs of numbers": {**record, "inputs": [1, 2]},
+        "library null": {**record, "library": None},
+    }
+    record_file.write_text(json.dumps(damaged[shape]) if shape in damaged else shape)
+    for _ in range(2):  # not wedged: rebuilt, then a cache hit
+        replace = loaded[-1] if loaded else None
+        loaded.append(compile_library(source, progress=None, replace=replace))
+    assert not loaded[0].build.cached and "build.json" in loaded[0].build.repaired
+    assert loaded[1].build.cached and torch_scale(loaded[1]) == 2.0
+
+
+def torch_scale(library) -> float:
+    """What the library's scale op makes of a one."""
+    return getattr(torch.ops, library.namespaces[0]).scale(torch.ones(1)).item()
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("used.json", '[1, {"a": 2}, ["core", 5], ["nope", ["classic"]], ["core"]]'),
+        ("used.json", '{"core": ["classic"]}'),
+        ("used.json", "null"),
+        ("seconds.json", "[1, 2]"),
+    ],
+)
+def test_a_damaged_record_of_the_cache_never_stops_load_ext(tmp_path, monkeypatch, name, text):
+    from opmagic.native import headers
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    started = []
+    monkeypatch.setattr(headers, "start_in_background", lambda jobs, cache: started.extend(jobs))
+    cache = headers.BuildCache()
+    directory = cache.home / "prefix" if name == "used.json" else cache.home
+    (directory / name).write_text(text)
+    headers.precompile_headers_in_background()  # what %load_ext opmagic runs
+    assert len(started) == len(headers.FIRST_WARM_UP)  # nothing usable was recorded
+    assert cache.last_seconds("headers") is None
+
+
+def test_other_records_of_the_wrong_shape_read_as_missing(tmp_path):
+    from opmagic.native.headers import _recorded_macros
+
+    for text in ("5", '{"A": 1}', "[1, null]", "not json"):
+        (tmp_path / "macros.json").write_text(text)
+        assert _recorded_macros(tmp_path / "macros.json") == set()
+
+
+def _without_root_overrides() -> tuple[str, ...]:
+    """A command prefix that runs a child without root's power to read and write anything
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH dropped), so file modes hold for it."""
+    if os.geteuid() != 0:
+        return ()
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux) to drop root's file-access overrides")
+    return ("setpriv", "--bounding-set", "-dac_override,-dac_read_search")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["tmp", "libs"])
+def test_a_cache_directory_it_may_not_write_is_named(tmp_path, target):
+    home = tmp_path / "home"
+    env = {"XDG_CACHE_HOME": str(home)}
+    assert _build_in_child(op_source("cf_perm_first"), (), env)["value"] == 2.0
+    directory = home / "opmagic" / "v1" / target
+    directory.chmod(0o500)
+    try:
+        report = _build_in_child(op_source("cf_perm_" + target), _without_root_overrides(), env)
+    finally:
+        directory.chmod(0o700)
+    assert report["error"] == "CacheDirectoryError", report
+    assert f"is read-only for you at {directory}" in report["message"]
+    assert "chmod -R u+rwX" in report["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["library", "its directory", "the precompiled header"])
+def test_an_unreadable_artefact_is_rebuilt_with_a_note(tmp_path, target):
+    home = tmp_path / "home"
+    env = {"XDG_CACHE_HOME": str(home)}
+    source = op_source("cf_unreadable")
+    with_header = target == "the precompiled header"  # the core headers precompiled first
+    first = _build_in_child(source, (), env, then_precompile=with_header)
+    library = next(Path(first["directory"]).glob("lib*.so"))
+    path = {
+        "library": library,
+        "its directory": library.parent,
+        "the precompiled header": next(home.glob("opmagic/v1/prefix/*/prefix.h.gch"), None),
+    }[target]
+    path.chmod(0)
+    try:
+        report = _build_in_child(
+            op_source("cf_unreadable_2") if target == "the precompiled header" else source,
+            _without_root_overrides(),
+            env,
+        )
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.chmod(0o700)
+    assert report.get("value") == 2.0, report
+    assert "cannot be read (Permission denied)" in report["summary"], report
+
+
+@pytest.mark.slow
+def test_symlinks_planted_in_the_cache_never_make_it_write_outside(tmp_path):
+    home, outside = tmp_path / "home", tmp_path / "outside"
+    outside.mkdir()
+    env = {"XDG_CACHE_HOME": str(home)}
+    source = op_source("cf_planted")
+    first = _build_in_child(source, (), env)
+    directory = Path(first["directory"])
+    (directory / "probe.json").unlink()  # the next load probes again, and records it
+    for name in ("probe.json", "loads"):
+        remove_path(directory / name)
+        (directory / name).symlink_to(outside / name)
+    (outside / "loads").mkdir()
+    again = _build_in_child(source, (), env)  # a failing precompile, in the background too
+    assert again["cached"] and again["value"] == 2.0
+    broken = "-include /nonexistent/opmagic.h"  # the compile and its precompile fail at once
+    known = set(home.glob("opmagic/v1/prefix/*/"))
+    assert _build_in_child(op_source("cf_planted_1"), (), env, extra_cflags=broken)["error"]
+    _wait_for_background_precompiles(home)
+    (prefix,) = set(home.glob("opmagic/v1/prefix/*/")) - known  # that of the broken flags
+    (prefix / "failed.log").unlink()  # it failed: the next build of those flags tries again
+    for name in ("precompiling.log", "failed.log.partial", "precompiled.json.partial"):
+        (prefix / name).symlink_to(outside / name)
+    assert _build_in_child(op_source("cf_planted_2"), (), env, extra_cflags=broken)["error"]
+    _wait_for_background_precompiles(home)
+    assert (prefix / "failed.log").is_file()  # it wrote what it writes, where it belongs
+    assert sorted(p.name for p in outside.rglob("*")) == ["loads"]  # nothing written outside
+
+
+def _wait_for_background_precompiles(home: Path) -> None:
+    """Until no background precompile of the cache in ``home`` runs."""
+    deadline = time.monotonic() + 120
+    while list(home.glob("opmagic/v1/prefix/*/precompiling.pid")):
+        assert time.monotonic() < deadline, "the background precompile did not end"
+        time.sleep(0.2)
+
+
+# kills the compiler of a precompile (as the OOM killer does), then builds: argv[1] "kill"
+# does both, "build" only builds; reports the build's note and the failure log's head
+_KILLED_CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    from pathlib import Path
+    from opmagic import compile_library
+    from opmagic.cachedir import cache_root
+    from opmagic.native import precompile_headers
+    source = sys.stdin.read()
+
+    def kill_cc1plus():
+        while True:
+            for entry in Path("/proc").iterdir():
+                try:
+                    command = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"cc1plus" in command and str(cache_root()).encode() in command:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    return
+            time.sleep(0.05)
+
+    def stop_background():
+        for marker in cache_root().rglob("precompiling.pid"):
+            os.killpg(int(marker.read_text()), signal.SIGKILL)
+            marker.unlink()
+
+    if sys.argv[1] == "kill":
+        threading.Thread(target=kill_cc1plus, daemon=True).start()
+        precompile_headers([source])
+    (failed,) = cache_root().rglob("failed.log")
+    log = failed.read_text()
+    notes = []
+    for namespace in ("cf_killed_a", "cf_killed_b"):
+        library = compile_library(source.replace("cf_killed", namespace), progress=None)
+        notes.append(library.build.note)
+        library.close()
+        stop_background()
+        if not failed.exists():
+            failed.write_text(log)  # killed again
+    print(json.dumps({"log": log[-300:], "notes": notes}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_precompile_killed_by_the_oom_killer_is_tried_again_once_per_process(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path)}
+    reports = []
+    for action in ("kill", "build"):  # the second: a new process
+        result = subprocess.run(
+            [sys.executable, "-c", _KILLED_CHILD, action],
+            input=op_source("cf_killed"),
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        reports.append(json.loads(result.stdout.splitlines()[-1]))
+    killed, later = reports
+    assert "Killed signal terminated program cc1plus" in killed["log"]
+    for report in (killed, later):  # once per process: the next build of that process says so
+        first, second = report["notes"]
+        assert "the last precompile was killed: 'Killed signal terminated program" in first
+        assert "tried again, once per process" in first
+        assert second.startswith("precompiling failed: "), second

@@ -104,3 +104,45 @@ def test_a_c_extension_module_source_compiles_and_registers(loaded):
     loaded.append(library)
     assert library.build.header_set == "core"  # Python.h and mul.h parsed on top of it
     assert torch.ops.cl_setup.triple(torch.ones(2)).tolist() == [3.0, 3.0]
+
+
+def test_every_block_form_takes_any_name_for_its_library(loaded):
+    """vLLM and others name the block's library ``ops``, ``lib``, ``registry``: every macro,
+    classic and stable, passes the name the block uses to its body."""
+    source = textwrap.dedent(
+        """\
+        #include <torch/library.h>
+        #include <ATen/core/Tensor.h>
+        #include <torch/csrc/stable/library.h>
+        #include <torch/csrc/stable/ops.h>
+        #include <torch/csrc/stable/tensor.h>
+
+        at::Tensor twice(const at::Tensor& x) { return x.mul(2); }
+        at::Tensor thrice(const at::Tensor& x) { return x.mul(3); }
+        torch::stable::Tensor fill(const torch::stable::Tensor& x) {
+          return torch::stable::fill_(torch::stable::empty_like(x), 4.0);
+        }
+
+        TORCH_LIBRARY(cl_names, ops) { ops.def("twice(Tensor x) -> Tensor"); }
+        TORCH_LIBRARY_FRAGMENT(cl_names, more_ops) { more_ops.def("thrice(Tensor x) -> Tensor"); }
+        TORCH_LIBRARY_IMPL(cl_names, CPU, cpu_registry) {
+          cpu_registry.impl("twice", twice);
+          cpu_registry.impl("thrice", thrice);
+        }
+        STABLE_TORCH_LIBRARY(cl_names_stable, lib) { lib.def("fill(Tensor x) -> Tensor"); }
+        STABLE_TORCH_LIBRARY_FRAGMENT(cl_names_stable, frag) {
+          frag.def("fill_too(Tensor x) -> Tensor");
+        }
+        STABLE_TORCH_LIBRARY_IMPL(cl_names_stable, CPU, impls) {
+          impls.impl("fill", TORCH_BOX(&fill));
+          impls.impl("fill_too", TORCH_BOX(&fill));
+        }
+        """
+    )
+    library = compile_library(source, progress=None)
+    loaded.append(library)
+    one = torch.ones(1)
+    assert torch.ops.cl_names.twice(one).item() == 2.0
+    assert torch.ops.cl_names.thrice(one).item() == 3.0
+    assert torch.ops.cl_names_stable.fill(one).item() == 4.0
+    assert torch.ops.cl_names_stable.fill_too(one).item() == 4.0

@@ -108,7 +108,7 @@ def test_an_unknown_dispatch_key_is_named_with_close_matches(loaded):
         pytest.param(
             {"extra_ldflags": ["-lno_such_library"]},
             # bfd, gold, lld or mold
-            r"link error:\n  \S*(ld|mold)\S*: (error: |fatal: )?"
+            r"link error at err_flags.cpp:\n  \S*(ld|mold)\S*: (error: |fatal: )?"
             r"(cannot find -l|unable to find library -l|library not found: )no_such_library",
             id="linker-flag",
         ),
@@ -118,6 +118,26 @@ def test_a_bad_flag_is_named(loaded, options, expected):
     with pytest.raises(CompileError) as caught:
         compile_library(op_source("err_flags"), progress=None, **options)
     assert re.search(expected, str(caught.value))
+
+
+def test_a_link_error_points_at_the_line_that_uses_the_symbol(loaded):
+    kernel = (
+        "int missing_factor();\n"
+        "at::Tensor scale(const at::Tensor& x) {\n"
+        "  return x.mul(missing_factor());\n"  # line 10 of the source, 11 of the cell
+        "}"
+    )
+    with pytest.raises(CompileError) as caught:
+        compile_library(
+            op_source("err_link_line", kernel=kernel),
+            extra_ldflags="-Wl,-z,defs",  # undefined symbols are errors when linking
+            label="cell [3]",
+            first_line=2,
+            progress=None,
+        )
+    message = str(caught.value)
+    assert message.startswith("liberr_link_line.so: link error at cell [3], line 11:"), message
+    assert "missing_factor()" in message and "> 11 |   return x.mul(missing_factor());" in message
 
 
 def test_an_undefined_symbol_is_a_load_error_with_the_cpp_name(loaded):

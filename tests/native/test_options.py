@@ -51,7 +51,7 @@ def _options(source: str, **overrides) -> BuildOptions:
         pytest.param(
             {"extra_cflags": "-fsyntax-only"}, "-fsyntax-only, which a build", id="syntax"
         ),
-        pytest.param({"extra_cflags": ["-MF", "x.d"]}, "dependency file itself", id="deps"),
+        pytest.param({"extra_cflags": ["-MF", "x.d"]}, "writes a dependency file", id="deps"),
         pytest.param({"extra_ldflags": "-o /tmp/x.so"}, "extra_ldflags has -o", id="output"),
         pytest.param({"name": "n" * 300}, "300 characters long.*at most 100", id="long-name"),
         pytest.param({"include_dirs": 5}, "include_dirs must be a list", id="include-int"),

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ...display import Displayable
 from ...errors import ArgumentTypeError, OpmagicError
 from ..ops import op_ref
@@ -101,7 +103,7 @@ def _visits(calls: Any, skipped: list[str]) -> Iterator[tuple[str, tuple[Step, .
     if isinstance(calls, TracedCall):
         yield from _visits_of_call(calls)
         return
-    if isinstance(calls, (str, bytes)) or not isinstance(calls, Iterable):
+    if isinstance(calls, (str, bytes, torch.Tensor)) or not isinstance(calls, Iterable):
         raise ArgumentTypeError(_USAGE.format(type(calls).__name__))
     for item in calls:
         if isinstance(item, TracedCall):

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from ..._torch.cuda import current_raw_stream
-from ...errors import ArgumentTypeError, NoGPUError
+from ...errors import ArgumentTypeError, ArgumentValueError, CudaLaunchError, NoGPUError
 from .source import KernelParameter, KernelSignature
 from .toolkit import gpu_unavailable_reason, running_gpu_arch
 
@@ -128,6 +128,7 @@ _POINTEES: dict[str, tuple[torch.dtype, ...]] = {
     "uint64_t": (torch.uint64,),
 }
 _MAX_DIMS = 3
+_MAX_DIM = 2**31 - 1  # what CUDA's unsigned dimensions hold (grid x; the driver checks the rest)
 
 
 def check_signature(kernel: KernelSignature) -> str | None:
@@ -180,7 +181,7 @@ class CudaKernel:
         """``kernel[grid, block]``, ``kernel[grid, block, shared_mem]`` or with a stream."""
         parts = config if isinstance(config, tuple) else (config,)
         if not 2 <= len(parts) <= 4:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"Launch {self.name} as {self.name}[grid, block](...) or "
                 f"{self.name}[grid, block, shared_mem, stream](...), as in <<<...>>>."
             )
@@ -201,7 +202,7 @@ class CudaKernel:
     def run(self, config: LaunchConfig, args: Sequence[Any]) -> None:
         """Launch with a configuration already checked."""
         if self.closed:
-            raise RuntimeError(
+            raise CudaLaunchError(
                 f"Kernel {self.name} of {self.module.label} was replaced by a newer run of its "
                 "cell: use the new one (the name in your namespace points at it)."
             )
@@ -215,7 +216,7 @@ class CudaKernel:
         parameters = self.signature.parameters
         if len(args) != len(parameters):
             names = ", ".join(p.name for p in parameters)
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"Kernel {self.name} takes {len(parameters)} arguments ({names}); got {len(args)}."
             )
         device = _device_of(args)
@@ -248,7 +249,7 @@ class CudaKernel:
             0,
         )
         if result != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(_launch_failure(self.name, config, result))
+            raise CudaLaunchError(_launch_failure(self.name, config, result))
 
     def _function(self, device: int) -> Any:
         """The kernel in the module loaded for ``device`` (loaded on first use)."""
@@ -287,8 +288,8 @@ def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for ints: the number of blocks of ``b`` threads covering ``a`` items."""
     try:
         return -(-int(a) // int(b))
-    except (TypeError, ValueError, ZeroDivisionError):
-        message = f"cdiv takes two integers, the second not 0; got {a!r}, {b!r}."
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+        message = f"cdiv takes two integers, the second not 0; got {a!r:.40}, {b!r:.40}."
         raise ArgumentTypeError(message) from None
 
 
@@ -297,7 +298,7 @@ def _config(
 ) -> LaunchConfig:
     """A checked launch configuration."""
     if not isinstance(shared_mem, int) or isinstance(shared_mem, bool) or shared_mem < 0:
-        raise TypeError(f"{name}: shared memory is a number of bytes, got {shared_mem!r}.")
+        raise ArgumentTypeError(f"{name}: shared memory is a number of bytes, got {shared_mem!r}.")
     return LaunchConfig(_dims(name, "grid", grid), _dims(name, "block", block), shared_mem, stream)
 
 
@@ -305,10 +306,11 @@ def _dims(name: str, what: str, value: Any) -> tuple[int, int, int]:
     """``(x, y, z)`` from an int or up to three ints, each at least 1."""
     parts = list(value) if isinstance(value, (tuple, list, torch.Size)) else [value]
     if not 1 <= len(parts) <= _MAX_DIMS or not all(
-        isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in parts
+        isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= _MAX_DIM for p in parts
     ):
-        raise TypeError(
-            f"{name}: {what} is a positive int or up to three (x, y, z), got {value!r}."
+        raise ArgumentTypeError(
+            f"{name}: {what} is a positive int or up to three (x, y, z), each at most "
+            f"{_MAX_DIM}, got {value!r:.80}."
         )
     return tuple([*parts, 1, 1][:_MAX_DIMS])
 
@@ -354,33 +356,35 @@ def _argument(
         if isinstance(value, int) and not isinstance(value, bool):
             return ctypes.c_void_p(value)  # a raw device address
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{where}: pass a CUDA tensor (or a device address), got {value!r}.")
+            raise ArgumentTypeError(
+                f"{where}: pass a CUDA tensor (or a device address), got {value!r}."
+            )
         if not value.is_cuda or (value.device.index or 0) != device:
-            raise ValueError(
+            raise ArgumentValueError(
                 f"{where}: the tensor is on {value.device}; the kernel reads memory of cuda:"
                 f"{device}. Move it there (tensor.to('cuda:{device}'))."
             )
         allowed = _POINTEES.get(parameter.base)
         if allowed is not None and value.dtype not in allowed:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"{where}: the tensor is {value.dtype}; a {parameter.base}* reads "
                 f"{' or '.join(str(d) for d in allowed)}. Convert it (tensor.to({allowed[0]}))."
             )
         if not value.is_contiguous():
             problem = non_contiguous_problem(parameter, value)
             if problem is not None:
-                raise ValueError(f"{where}: {problem}")
+                raise ArgumentValueError(f"{where}: {problem}")
             value = contiguous(value)
         return ctypes.c_void_p(value.data_ptr())
     ctype, integral = _SCALARS[parameter.base]
     if isinstance(value, torch.Tensor) or not isinstance(value, (int, float, bool)):
-        raise TypeError(f"{where}: pass a Python number, got {type(value).__name__}.")
+        raise ArgumentTypeError(f"{where}: pass a Python number, got {type(value).__name__}.")
     if integral:
         if isinstance(value, float):
-            raise TypeError(f"{where}: pass an int, got the float {value!r}.")
+            raise ArgumentTypeError(f"{where}: pass an int, got the float {value!r}.")
         converted = ctype(value)
         if parameter.base != "bool" and converted.value != value:
-            raise OverflowError(f"{where}: {value} does not fit a {parameter.base}.")
+            raise ArgumentValueError(f"{where}: {value} does not fit a {parameter.base}.")
         return converted
     if parameter.base in ("__half", "half"):
         return ctype(struct.unpack("<H", struct.pack("<e", float(value)))[0])
@@ -439,7 +443,7 @@ def _check(returned: tuple, describe: Any) -> Any:
     driver = _driver()
     result, value = returned
     if result != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(describe(result))
+        raise CudaLaunchError(describe(result))
     return value
 
 
@@ -462,7 +466,7 @@ def _make_context_current(device: int) -> None:
     if int(current) != int(context):
         (result,) = driver.cuCtxSetCurrent(context)
         if result != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cannot make cuda:{device}'s context current ({result.name})")
+            raise CudaLaunchError(f"cannot make cuda:{device}'s context current ({result.name})")
 
 
 def _load_failure(arch: str, kind: str, device: int, result: Any) -> str:

@@ -36,6 +36,7 @@ from ...cachedir import BuildCache, ProgressCallback, Stopwatch, stderr_progress
 from ...errors import CompileError, LoadError, MissingHeadersError
 from ..compiler import StepResult, run_step
 from ..diagnostics import parse_diagnostics
+from ..flag_rules import refuse_writing_flags
 from ..headers import prepare_prefix
 from ..library import LoadedLibrary, load_library
 from ..options import DEFAULT_OPT_LEVEL, BuildOptions, split_flags
@@ -179,6 +180,8 @@ class _Context:
         )
         return publish(
             self.request,
+            self.toolchain,
+            self.cache,
             self.scratch,
             self.stopwatch,
             host,
@@ -237,6 +240,8 @@ class _Context:
         linked = self.link_or_fail([f"{name}.whole.o"])
         return publish(
             self.request,
+            self.toolchain,
+            self.cache,
             self.scratch,
             self.stopwatch,
             None,
@@ -390,9 +395,10 @@ def compile_cuda_library(
     (``at::cuda::getCurrentCUDAStream``) cannot compile: the kernels are checked, then
     :class:`~opmagic.errors.MissingHeadersError` says so.
     """
+    nvcc = split_flags(nvcc_flags, "nvcc_flags")
+    refuse_writing_flags(nvcc, "nvcc_flags", nvcc=True)
     toolkit = find_cuda_toolkit()
     archs = parse_archs(arch)
-    nvcc = split_flags(nvcc_flags, "nvcc_flags")
     options = BuildOptions.create(
         source,
         cuda=True,

@@ -25,7 +25,7 @@ from ...cachedir import digest
 from ...display import Displayable
 from ...errors import BuildOptionError, CompileError, CudaToolkitError
 from ..diagnostics import failure_text, parse_diagnostics, renumber_log, where
-from ..options import check_source_position, include_paths, split_flags
+from ..options import check_source_position, check_source_text, include_paths, split_flags
 from .launcher import CudaKernel, check_signature
 from .source import KernelSignature, kernel_signatures
 from .toolkit import (
@@ -136,12 +136,14 @@ def compile_cuda_kernels(
     the launchers cannot call (not ``extern "C"``, parameters that are neither pointers nor
     arithmetic scalars), :class:`CudaToolkitError` naming what to install.
     """
-    if not isinstance(source, str) or not source.strip():
+    check_source_text(source, "CUDA C++ source text")
+    if not source.strip():
         raise BuildOptionError('The source is empty: write extern "C" __global__ kernels.')
     check_source_position(label, first_line)
     label = label or _SOURCE_NAME
     signatures = tuple(k for k in kernel_signatures(source) if k.defined)
-    _check_kernels(signatures, label, first_line)
+    if signatures:  # else compiled first: a kernel whose signature does not parse is an error
+        _check_kernels(signatures, label, first_line)
     archs = parse_archs(arch) if arch is not None else ()
     if len(archs) > 1:
         raise BuildOptionError(
@@ -162,6 +164,8 @@ def compile_cuda_kernels(
     )
     started = time.perf_counter()
     binary, cached = _compile(source, options, target, label, first_line)
+    if not signatures:  # it compiles, and has no kernel
+        _check_kernels(signatures, label, first_line)
     result = CudaKernels(
         source,
         label,

@@ -40,7 +40,7 @@ from .closeness import tolerances as described_tolerances
 from .plan import DEFAULT_SIZES, plan
 from .progress import ProgressCallback, Reporter
 from .result import MISMATCH_KINDS, CaseResult, Comparison, Mismatch, SweepProgress
-from .timing import DEFAULT_MIN_RUN_TIME
+from .timing import DEFAULT_MIN_RUN_TIME, MAX_MIN_RUN_TIME
 
 __all__ = [
     "DEFAULT_MIN_RUN_TIME",
@@ -100,8 +100,15 @@ def compare(
             raise CompareError(f"names must be two labels, (candidate, reference); got {names!r}.")
         candidate_name, reference_name = names
     tolerances = described_tolerances(rtol, atol)
-    if not isinstance(min_run_time, (int, float)) or not min_run_time > 0:
-        raise CompareError(f"min_run_time is seconds to measure, above 0; got {min_run_time}.")
+    if (
+        isinstance(min_run_time, bool)
+        or not isinstance(min_run_time, (int, float))
+        or not 0 < min_run_time <= MAX_MIN_RUN_TIME
+    ):
+        raise CompareError(
+            f"min_run_time is seconds to measure each function per case, above 0 and at most "
+            f"{MAX_MIN_RUN_TIME:g}; got {min_run_time!r}."
+        )
     cases = plan(inputs, sizes, dtypes, devices)
     reporter = Reporter(progress, len(cases))
     rows: list[CaseResult] = []

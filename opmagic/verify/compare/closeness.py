@@ -18,8 +18,12 @@ from .result import Mismatch
 def tolerances(rtol: float | None, atol: float | None) -> str:
     """How values are judged, in words, for ``rtol``/``atol`` checked to be given together."""
     for what, value in (("rtol", rtol), ("atol", atol)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise CompareError(f"{what} must be a number or None, got {value!r}.")
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 <= value < float("inf")  # NaN compares false: no tolerance at all
+        ):
+            raise CompareError(f"{what} must be a finite number >= 0 or None, got {value!r}.")
     if rtol is None and atol is None:
         return "torch's default tolerances per dtype"
     if rtol is None or atol is None:

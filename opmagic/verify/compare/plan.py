@@ -78,19 +78,21 @@ def _builder(
 
     def build() -> Any:
         try:
-            return inputs(size, dtype, device)
+            arguments = inputs(size, dtype, device)
         except Exception as error:
             raise CompareError(
                 f"inputs({size}, {dtype}, {str(device)!r}) raised {type(error).__name__}: "
                 f"{error}. The inputs builder must make the arguments of every case."
             ) from error
+        _check_tensors(as_arguments(arguments))
+        return arguments
 
     return build
 
 
 def _listed_case(arguments: Any) -> Case:
     """A case from an argument tuple of a list: size, dtype and device from its tensors."""
-    tensors = [a for a in as_arguments(arguments) if isinstance(a, torch.Tensor)]
+    tensors = _check_tensors(as_arguments(arguments))
     largest = max(tensors, key=torch.Tensor.numel, default=None)
     return Case(
         largest.numel() if largest is not None else None,
@@ -98,6 +100,26 @@ def _listed_case(arguments: Any) -> Case:
         tensors[0].device if tensors else None,
         lambda: arguments,
     )
+
+
+def _check_tensors(arguments: tuple) -> list[torch.Tensor]:
+    """The tensor arguments of a case, refused when compare cannot judge them: meta tensors
+    hold no values, and torch.testing.assert_close takes no nested tensors."""
+    tensors = [a for a in arguments if isinstance(a, torch.Tensor)]
+    for tensor in tensors:
+        if tensor.is_meta:
+            raise CompareError(
+                "A case's arguments are meta tensors: they have shapes and dtypes but no values "
+                "to compare or time. Use cpu (or cuda) tensors; to check a meta kernel, use "
+                "opmagic.check_op or opmagic.doctor."
+            )
+        if tensor.is_nested:
+            raise CompareError(
+                "A case's arguments are nested tensors, which compare cannot judge "
+                "(torch.testing.assert_close takes none): pass plain tensors, e.g. "
+                "nested.to_padded_tensor(0)."
+            )
+    return tensors
 
 
 def _sizes(sizes: Iterable[int] | None) -> list[int]:
@@ -130,6 +152,11 @@ def _device(value: torch.device | str) -> torch.device:
         device = torch.device(value)
     except (RuntimeError, TypeError, ValueError) as error:
         raise CompareError(f"{value!r} is not a device: {error}") from None
+    if device.type == "meta":
+        raise CompareError(
+            "Cannot compare on 'meta': meta tensors have no values to compare or time. Use "
+            "cpu (or cuda); to check a meta kernel, use opmagic.check_op or opmagic.doctor."
+        )
     if device.type == "cuda":
         reason = gpu_unavailable_reason()
         if reason is not None:

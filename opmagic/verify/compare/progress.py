@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...errors import CompareError
 from .result import SweepProgress
 
 PROGRESS_DELAY_S = 0.5  # a sweep shows its progress bar once it has run this long
@@ -25,6 +26,11 @@ class Reporter:
         task: str = "compare",
         unit: str = "cases",
     ) -> None:
+        if not (isinstance(progress, bool) or callable(progress)):
+            raise CompareError(
+                f"progress must be True (a bar), False (none) or a callable taking a "
+                f"SweepProgress; got {progress!r:.60}."
+            )
         self.callback = progress if callable(progress) else None
         self.show = progress is True
         self.total = total
@@ -53,7 +59,15 @@ class Reporter:
 
     def _send(self, event: SweepProgress) -> None:
         if self.callback is not None:
-            self.callback(event)
+            try:
+                self.callback(event)
+            except Exception as error:  # the caller's callback: say so, not where in compare
+                name = getattr(self.callback, "__qualname__", repr(self.callback))
+                raise CompareError(
+                    f"The progress callback {name} raised {type(error).__name__}: {error}. "
+                    "It is called with a SweepProgress; pass progress=True, False or such a "
+                    "callable."
+                ) from error
         elif self.live is not None:
             self.live.update(event)
         elif self.show and event.elapsed >= PROGRESS_DELAY_S:

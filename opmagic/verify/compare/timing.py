@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from torch.utils.benchmark import Measurement
 
 DEFAULT_MIN_RUN_TIME = 0.2  # seconds blocked_autorange measures each function per case
+MAX_MIN_RUN_TIME = 60.0  # seconds per function and case: more would look like a hang
 
 
 def measure(run: Callable[[], Any], device: torch.device, min_run_time: float) -> Measurement:

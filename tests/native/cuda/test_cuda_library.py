@@ -156,7 +156,7 @@ def test_a_link_error_is_named(build_cache):
             vector_ops("cu_link_error"), extra_ldflags=["-lno_such_library"], progress=None
         )
     message = str(raised.value)
-    assert message.startswith("libcu_link_error.so: link error:")
+    assert message.startswith("libcu_link_error.so: link error at cu_link_error.cu:")
     # bfd or gold: "cannot find -l...", lld: "unable to find library -l..."; said once
     assert re.search(r"(cannot find|unable to find library) -lno_such_library", message)
     assert "1 error;" in message

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from opmagic import cdiv, cuda_kernel_from_source
-from opmagic.errors import ArgumentTypeError, BuildOptionError, CompileError, NoGPUError
+from opmagic.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    BuildOptionError,
+    CompileError,
+    NoGPUError,
+)
 from opmagic.native.cuda import launcher, nvrtc
 from opmagic.native.cuda.nvrtc import compile_cuda_kernels, nvrtc_target
 from opmagic.native.cuda.source import KernelParameter
@@ -55,6 +61,14 @@ def test_a_compile_error_points_at_the_cell_line():
     assert 'identifier "c" is undefined' in message
     assert "> 4 |   if (i < n) out[i] = a[i] + c[i];" in message
     assert raised.value.diagnostics[0].user_line == 3
+
+
+def test_a_kernel_whose_signature_does_not_parse_reports_its_compile_error():
+    broken = VADD.replace("int n)", "int n")  # the parameter list is never closed
+    with pytest.raises(CompileError) as raised:
+        compile_cuda_kernels(broken, label="cell [4]", first_line=2)
+    assert str(raised.value).startswith("NVRTC: compile error at cell [4], line 2:")
+    assert "defines no kernel" not in str(raised.value)
 
 
 def test_arch_and_flags_reach_nvrtc():
@@ -114,7 +128,7 @@ def test_scalars_are_converted_to_their_parameters_c_types():
     assert convert("float", 2).value == 2.0 and isinstance(convert("float", 2), ctypes.c_float)
     assert convert("__half", 1.0).value == 0x3C00  # IEEE half bits of 1.0
     assert convert("__nv_bfloat16", 1.0).value == 0x3F80
-    with pytest.raises(OverflowError, match="does not fit a int"):
+    with pytest.raises(ArgumentValueError, match="does not fit a int"):
         convert("int", 2**40)
     with pytest.raises(TypeError, match="pass an int, got the float"):
         convert("int64_t", 1.5)
