@@ -71,7 +71,7 @@ class _ShownOnce:
         exceptions, previous_handler = self.previous
         if not isinstance(value, OpmagicError) and isinstance(value, exceptions):
             previous_handler(etype, value, tb, tb_offset=tb_offset)
-        elif getattr(value, "displayed", False):
+        elif isinstance(value, OpmagicError) and value.displayed:
             sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb
             if hasattr(shell, "_last_traceback"):  # ipykernel: the execute reply's traceback,
                 shell._last_traceback = value._render_traceback_()  # what nbclient prints

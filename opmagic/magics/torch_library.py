@@ -43,8 +43,9 @@ class DisplayProgress:
     def __init__(self) -> None:
         self.output = LiveOutput()
 
-    def __call__(self, event: BuildProgress) -> None:
-        """Show ``event`` in place of the last one."""
+    def __call__(self, event: BuildProgress | str) -> None:
+        """Show ``event`` in place of the last one: a build's progress, or a step's line
+        (what :meth:`~opmagic.package.export.Export.verify` reports)."""
         self.output.text(str(event))
 
     def show(self, obj: Any) -> None:
@@ -53,8 +54,8 @@ class DisplayProgress:
 
     def clear(self) -> None:
         """Empty the progress output (the result is shown as the cell's value instead)."""
-        if self.handle is not None:
-            self.handle.update({"text/plain": ""}, raw=True)
+        if self.output.handle is not None:
+            self.output.text("")
 
 
 def load_library_cell(

@@ -676,9 +676,10 @@ def start_in_background(jobs: Sequence[_Precompile], cache: BuildCache) -> None:
     steps = [_BACKGROUND_PRECOMPILE.replace("NO_SPACE", shlex.quote(NO_SPACE.pattern))]
     for job in pending:
         # what the compiler writes: a file of ours, made now (never a symlink planted there)
-        fd, partial = tempfile.mkstemp(prefix="prefix.h.gch.bg", dir=job.header.parent)
+        fd, name = tempfile.mkstemp(prefix="prefix.h.gch.bg", dir=job.header.parent)
         os.close(fd)
-        files = (Path(partial), job.precompiled, job.record, job.failed, job.marker)
+        partial = Path(name)
+        files = (partial, job.precompiled, job.record, job.failed, job.marker)
         steps.append(shlex.join(["precompile", *map(str, files), *job.command(partial)]))
     process = subprocess.Popen(
         ["sh", "-c", "\n".join(steps)],

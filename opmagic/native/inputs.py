@@ -241,7 +241,7 @@ def include_misses(source: str, inputs: Sequence[str], search: IncludeSearch) ->
     """Paths that must still not exist for the build to stand: for each ``#include`` and
     ``__has_include`` of ``source`` and of the user's own files among ``inputs``, the paths
     searched before the file found (all of them when none was)."""
-    texts = [(source, None)]
+    texts: list[tuple[str, str | None]] = [(source, None)]  # (text, its directory)
     for path in inputs:
         if not path.startswith(_INSTALLED) and not os.path.realpath(path).startswith(_INSTALLED):
             try:

@@ -79,7 +79,9 @@ def narrowable(source: str) -> bool:
     includes_umbrella = False
     for index, token in enumerate(tokens):
         if token.kind == "directive":
-            directive, name = _DIRECTIVE.match(token.text).groups()
+            match = _DIRECTIVE.match(token.text)
+            assert match is not None  # a directive token starts with "#", which matches
+            directive, name = match.groups()
             if directive in _CONDITIONALS:
                 return False
             includes_umbrella |= directive == "include" and name in UMBRELLA_HEADERS

@@ -477,7 +477,7 @@ def _read_until_closed(fd: int, deadline: float) -> tuple[bytes, bool]:
     """Everything written to the pipe ``fd`` until its writer closes it or the deadline
     passes, and whether it was closed. A report of threads left running shortens the
     deadline to :data:`STACK_WAIT_S` (their stacks come next, then the child exits)."""
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -561,7 +561,9 @@ def _left_registered(trial: _Trial, static: dict[str, list[str]]) -> LoadError:
     """The error for registrations that stayed after the library's blocks were unregistered."""
     line = _static_line(static, trial)
     names = ", ".join(sorted(static))
-    located = {parse_site(s) for found in static.values() for s in found} - {None}
+    located = {
+        site for found in static.values() for s in found if (site := parse_site(s)) is not None
+    }
     source = trial.site.file.name  # torch::Library's __FILE__: the source as compiled
     elsewhere = sorted(label_location(*s) for s in located if Path(s[0]).name != source)
     where = f" (at {'; '.join(elsewhere[:3])})" if elsewhere else ""

@@ -16,8 +16,9 @@ library then loads on it and every later torch), as extension-cpp's stable varia
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -98,7 +99,7 @@ def _unique(name: str, taken: dict[str, int]) -> str:
 
 def _native_source(
     label: str,
-    options: dict,
+    options: Mapping[str, Any],
     library: LoadedLibrary,
     path: str,
     module: str,

@@ -371,8 +371,9 @@ def operator_cell(source: CellSource, label: str) -> tuple[str, set[int]]:
     handled: set[int] = set()  # ids of companion nodes handled here
     op = function.name
     for node in tree.body:
-        companion = _companion_of(node, where)
-        if companion is not None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+            companion := _companion_of(node, where)
+        ) is not None:
             kind, arguments, decorator = companion
             handled |= {id(decorator), id(getattr(decorator, "func", decorator))}
             removed |= set(range(decorator.lineno, (decorator.end_lineno or decorator.lineno) + 1))
@@ -390,12 +391,11 @@ def operator_cell(source: CellSource, label: str) -> tuple[str, set[int]]:
             else:
                 method = _REGISTER_METHOD[kind]
                 registrations.append(f"{op}.{method}({''.join(a + ', ' for a in arguments)}{name})")
-        elif _is_autocast(node):
-            handled |= {id(node.value), id(node.value.func)}
+        elif (call := _autocast_call(node)) is not None:
+            handled |= {id(call), id(call.func)}
             removed |= set(range(node.lineno, (node.end_lineno or node.lineno) + 1))
-            call = node.value
-            arguments = ", ".join(ast.get_source_segment(source.text, a) or "" for a in call.args)
-            registrations.append(f"{op}.register_autocast({arguments})")
+            cast = ", ".join(ast.get_source_segment(source.text, a) or "" for a in call.args)
+            registrations.append(f"{op}.register_autocast({cast})")
     _refuse_other_companion_uses(tree, handled, where)
     if "setup_context" in autograd and "backward" not in autograd:
         raise ExportError(f"{where}: @setup_context without @backward (the cell could not run).")
@@ -406,10 +406,10 @@ def operator_cell(source: CellSource, label: str) -> tuple[str, set[int]]:
             + (f", setup_context={setup})" if setup else ")")
         )
     first = _first_line(function)
-    decorator = f"@{_MAKERS[source.kind]}({_maker_arguments(source)})"
+    maker = f"@{_MAKERS[source.kind]}({_maker_arguments(source)})"
     body = [line for number, line in enumerate(lines, 1) if number not in removed]
     insert_at = first - 1 - sum(1 for n in removed if n < first)
-    body.insert(insert_at, decorator)
+    body.insert(insert_at, maker)
     required = set(range(insert_at + 1, insert_at + 3))
     if registrations:
         body.append("")
@@ -420,10 +420,10 @@ def operator_cell(source: CellSource, label: str) -> tuple[str, set[int]]:
     return "\n".join(body) + "\n", required
 
 
-def _companion_of(node: ast.stmt, where: str) -> tuple[str, list[str], ast.expr] | None:
+def _companion_of(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, where: str
+) -> tuple[str, list[str], ast.expr] | None:
     """``(kind, argument sources, decorator)`` of a top-level function's companion decorator."""
-    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None
     found = [d for d in node.decorator_list if is_companion(d)]
     if not found:
         return None
@@ -441,14 +441,16 @@ def _companion_of(node: ast.stmt, where: str) -> tuple[str, list[str], ast.expr]
     return decorator.id, [], decorator  # type: ignore[attr-defined]
 
 
-def _is_autocast(node: ast.stmt) -> bool:
-    """A top-level ``autocast("cpu", torch.bfloat16)`` line."""
-    return (
+def _autocast_call(node: ast.stmt) -> ast.Call | None:
+    """The call of a top-level ``autocast("cpu", torch.bfloat16)`` line, else None."""
+    if (
         isinstance(node, ast.Expr)
         and isinstance(node.value, ast.Call)
         and isinstance(node.value.func, ast.Name)
         and node.value.func.id == "autocast"
-    )
+    ):
+        return node.value
+    return None
 
 
 def _refuse_other_companion_uses(tree: ast.Module, handled: set[int], where: str) -> None:
@@ -477,7 +479,8 @@ def _module_level_nodes(tree: ast.AST) -> Iterable[ast.AST]:
         node = stack.pop()
         yield node
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            stack += [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]
+            kw_defaults = [d for d in node.args.kw_defaults if d is not None]  # None: no default
+            stack += [*node.decorator_list, *node.args.defaults, *kw_defaults]
         elif isinstance(node, ast.Lambda):
             stack += [*node.args.defaults]
         else:
@@ -509,7 +512,7 @@ def _maker_arguments(source: CellSource) -> str:
     return ", ".join(parts)
 
 
-def _literal(value: object) -> str:
+def _literal(value: str | Iterable[str] | None) -> str:
     """A string (double-quoted) or a collection of strings (a tuple) as Python source."""
     if isinstance(value, str):
         return json.dumps(value)

@@ -95,10 +95,12 @@ def generated_tests(
                 extra = f", {tuple(test_utils)!r}" if test_utils else ", None"
             cases[run.kind].append(_param(run.op, case, run.cell, devices, op, extra))
     for op in operators:
-        case = first_sample.get(op.qualname)
-        if op.has_fake and case is not None:
-            devices = samples[case]["devices"]
-            cases["compile"].append(_param(_overload(op.name), case, op.cell, devices, op, ""))
+        compiled_case = first_sample.get(op.qualname)
+        if op.has_fake and compiled_case is not None:
+            devices = samples[compiled_case]["devices"]
+            cases["compile"].append(
+                _param(_overload(op.name), compiled_case, op.cell, devices, op, "")
+            )
         elif op.has_fake:
             notes.append(f"{op.name} has a fake but no sample to compile it on: run check_op or "
                          "%%custom_op --check on it once, then export again")

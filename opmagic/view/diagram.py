@@ -183,7 +183,9 @@ def _relabelled(drawn: tuple[str, str], dot: str) -> str | None:
         if before[start:end] == dot[start:end]:
             continue
         first = max(before.rfind(end_of_text, 0, start) for end_of_text in _LABEL_ENDS) + 1
-        last = _LABEL_TEXT.match(before, end).end()
+        label_text = _LABEL_TEXT.match(before, end)
+        assert label_text is not None  # a starred class matches anywhere, if only ""
+        last = label_text.end()
         old, new = before[first:last], dot[first:last]
         if changes.setdefault(old, new) != new:
             return None

@@ -17,7 +17,7 @@ from opmagic import active_session
 from opmagic._torch import dispatcher
 from opmagic.errors import BuildOptionError, CompileError, RegistrationError
 from opmagic.magics import WARM_UPS
-from opmagic.magics.torch_library import TorchLibraryMagics
+from opmagic.magics.torch_library import DisplayProgress, TorchLibraryMagics
 from opmagic.native import LoadedLibrary, compile_library, precompile_headers
 from opmagic.native.headers import precompile_headers_in_background
 
@@ -66,6 +66,24 @@ def test_the_magic_documents_its_options(shell):
     for option in ("--name", "--opt", "--include", "--cflags", "--ldflags", "--no-pch"):
         assert option in doc
     assert "--force" in doc and "--verbose" in doc
+
+
+def test_display_progress_updates_one_output_in_place_then_empties_it(shell):
+    """Build events and --verify's step lines replace each other in one output; clear()
+    empties it, and shows nothing when nothing was shown."""
+    with capture_output() as nothing_shown:
+        DisplayProgress().clear()
+    assert nothing_shown.outputs == []
+    with capture_output() as shown:
+        progress = DisplayProgress()
+        progress("building ops")
+        progress("step 1/6: build the wheel")
+        progress.clear()
+    assert [(o.data, o.update) for o in shown.outputs] == [
+        ({"text/plain": "building ops"}, False),
+        ({"text/plain": "step 1/6: build the wheel"}, True),
+        ({"text/plain": ""}, True),
+    ]
 
 
 @pytest.mark.slow

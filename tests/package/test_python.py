@@ -167,3 +167,22 @@ def test_a_companion_inside_a_block_is_refused_with_its_line() -> None:
     )
     with pytest.raises(ExportError, match=r"cell \[5\], line 4: fake is used inside a block"):
         operator_cell(nested.sources[0], "[5]")
+
+
+def test_keyword_only_parameters_without_a_default_are_read() -> None:
+    """A top-level function's keyword-only parameter with no default (``None`` among the
+    syntax tree's defaults) is walked past, and a companion in a default is still found."""
+    keywords = cell(
+        "[6]",
+        6,
+        """\
+        def f(x: torch.Tensor, *, scale: float) -> torch.Tensor:
+            return x * scale
+        def g(x, *, hook=fake, scale):
+            return x
+        """,
+        kind="custom_op",
+        options={"name": "a::f", "function": "f", "mutates_args": ()},
+    )
+    with pytest.raises(ExportError, match=r"cell \[6\], line 3: fake is used inside a block"):
+        operator_cell(keywords.sources[0], "[6]")

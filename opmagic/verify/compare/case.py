@@ -132,7 +132,8 @@ def new_memory_filled() -> Iterator[None]:
     ``fill_uninitialized_memory`` under ``use_deterministic_algorithms``, in its warn-only
     form (an op without a deterministic kernel still runs, its warning dropped). The
     settings are restored after."""
-    fill = torch.utils.deterministic
+    # torch swaps this module's class at import for one with the property; its stubs lack it
+    fill: Any = torch.utils.deterministic
     before = (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
