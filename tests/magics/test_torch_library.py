@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -317,6 +319,21 @@ def test_the_test_run_ends_the_background_precompiles_it_started(tmp_path, monke
     pids = {int(marker.read_text()) for marker in tmp_path.glob("**/precompiling.pid")}
     assert pids
     assert set(stop_background_precompiles(tmp_path)) == pids
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.killpg(pid, 0)  # the shell and the compiler it ran
+    deadline = time.monotonic() + 10  # the compiler may take a moment to die of its SIGTERM
+    while any(_running_in_group(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_running_in_group(pid) for pid in pids)  # the shell and the compiler it ran
+
+
+def _running_in_group(pgid: int) -> list[int]:
+    """Pids of the processes of group ``pgid`` that still run (zombies, dead but not yet
+    reaped by a parent, do not)."""
+    running = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            running.append(int(stat.parent.name))
+    return running
