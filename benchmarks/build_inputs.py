@@ -7,7 +7,7 @@ Builds (or takes from a private cache) the tutorial's myadd written with
 yet), times what a build does after it compiled and what a cached build's check does:
 
 - recording the inputs: hashing every file the build read (``record_files``), against the
-  baseline of opmagic before issue 29, a stat of each file (size and mtime);
+  baseline of opmagic before builds were keyed on content, a stat of each file (size and mtime);
 - checking a cached build (``_recorded_build``: every input's stat, the include search's
   misses), against that same stat of each file;
 - hashing them again in the same process (remembered per file identity: nothing to do).
@@ -100,7 +100,7 @@ def main() -> int:
     compile_seconds = built["compile_seconds"]
     print(f"inputs of a torch/extension.h cell: {median['files']:.0f} files, "
           f"{median['megabytes']:.1f} MB (CPU seconds, median of 3 fresh processes)")
-    print(f"  stat of each (opmagic before issue 29): {median['stat']:.3f} s")
+    print(f"  stat of each (opmagic before content keys): {median['stat']:.3f} s")
     share = median["record"] / compile_seconds
     print(f"  recording them by content, once per process: {median['record']:.3f} s "
           f"({median['record'] / max(median['stat'], 1e-9):.1f}x the stat; "
