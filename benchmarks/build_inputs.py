@@ -100,7 +100,7 @@ def main() -> int:
     compile_seconds = built["compile_seconds"]
     print(f"inputs of a torch/extension.h cell: {median['files']:.0f} files, "
           f"{median['megabytes']:.1f} MB (CPU seconds, median of 3 fresh processes)")
-    print(f"  stat of each (opmagic before content keys): {median['stat']:.3f} s")
+    print(f"  stat of each (opmagic keyed on mtimes): {median['stat']:.3f} s")
     share = median["record"] / compile_seconds
     print(f"  recording them by content, once per process: {median['record']:.3f} s "
           f"({median['record'] / max(median['stat'], 1e-9):.1f}x the stat; "

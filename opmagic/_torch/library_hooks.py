@@ -64,8 +64,11 @@ class RegistrationRouter(Protocol):
     def custom_op_replacing(self, qualname: str, library: Any, opdef: Any) -> None:
         """``custom_op`` is about to define ``qualname`` again (raise to refuse)."""
 
-    def opcheck_called(self, op: Any, args: tuple, kwargs: dict, test_utils: Any) -> None:
-        """``torch.library.opcheck(op, args, kwargs, test_utils=...)`` is about to run."""
+    def opcheck_called(
+        self, op: Any, args: tuple, kwargs: dict, test_utils: Any
+    ) -> Callable[[Any], None]:
+        """``torch.library.opcheck(op, args, kwargs, test_utils=...)`` is about to run; returns
+        what to call with its outcomes (the dict opcheck returns) once it has run."""
 
 
 class Registration(abc.ABC):
@@ -495,7 +498,8 @@ def remove_registration_hooks() -> None:
 
 
 def _recording_opcheck(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.library.opcheck`` that tells the router its operator and samples first."""
+    """``torch.library.opcheck`` that tells the router its operator and samples before it runs
+    (they are copied then) and its outcomes after."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -505,15 +509,19 @@ def _recording_opcheck(original: Callable[..., Any]) -> Callable[..., Any]:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
             bound = None  # opcheck raises its own error for the call
+        finished = None
         if router is not None and bound is not None:
             arguments = bound.arguments
-            router.opcheck_called(
+            finished = router.opcheck_called(
                 arguments["op"],
                 arguments["args"],
                 arguments.get("kwargs") or {},
                 arguments.get("test_utils", signature.parameters["test_utils"].default),
             )
-        return original(*args, **kwargs)
+        outcomes = original(*args, **kwargs)  # a failing test raises by default: none recorded
+        if finished is not None:
+            finished(outcomes)
+        return outcomes
 
     return opcheck
 

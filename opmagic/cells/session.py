@@ -902,12 +902,33 @@ class Session:
             raise ForeignOperatorError(self.redefinition_refused(qualname))
         self._run.custom_op_entries.setdefault(qualname, (opdef, library))
 
-    def opcheck_called(self, op: Any, args: tuple, kwargs: dict, test_utils: Any) -> None:
-        """The router's hook: a cell runs ``torch.library.opcheck``; its sample is recorded."""
+    def opcheck_called(
+        self, op: Any, args: tuple, kwargs: dict, test_utils: Any
+    ) -> Callable[[Any], None]:
+        """The router's hook: a cell runs ``torch.library.opcheck``. Its sample is copied now
+        (the op may change its arguments) and recorded with the tests that passed once it has
+        run; a test that failed in the session is named, not made a test of the package."""
         if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
-            return  # opcheck refuses them in its own words
-        details = {"test_utils": test_utils} if test_utils != _DEFAULT_TEST_UTILS else {}
-        self.record_check("opcheck", op, [CheckSample(tuple(args), kwargs)], **details)
+            return lambda outcomes: None  # opcheck refuses them in its own words
+        sample = CheckSample(tuple(args), kwargs)
+        with contextlib.suppress(UnkeptValue):  # record_check names what it cannot keep
+            sample = kept_sample(sample)
+
+        def finished(outcomes: Any) -> None:
+            if not isinstance(outcomes, dict):
+                return
+            passed = tuple(test for test, outcome in outcomes.items() if outcome == "SUCCESS")
+            run, name = self._cell_run, operator_label(op) if not isinstance(op, str) else op
+            for test in sorted(outcomes.keys() - set(passed)):
+                if run is not None:
+                    run.unkept.append(
+                        f"opcheck's {test} of {name} failed here: it is not a test of the package"
+                    )
+            if passed:
+                chosen = {} if set(passed) == set(_DEFAULT_TEST_UTILS) else {"test_utils": passed}
+                self.record_check("opcheck", op, [sample], **chosen)
+
+        return finished
 
     # ---------------------------------------------------------------- internals
 

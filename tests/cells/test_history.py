@@ -83,6 +83,49 @@ def test_opcheck_in_a_cell_is_recorded_with_a_copy_of_its_sample(cells: Cells) -
     assert check.samples[0].args[0].abs().sum() > 0  # the copy, taken before x.zero_()
 
 
+def test_an_opcheck_that_fails_here_records_only_the_tests_that_passed(cells: Cells) -> None:
+    """A test that failed in the session would fail the package's tests too: it is named in
+    the cell's notes instead (here: no fake impl, so the fake-tensor tests fail)."""
+    cells.run(
+        'lib = torch.library.Library("hist_cpu", "DEF")\n'
+        'lib.define("twice(Tensor x) -> Tensor")\n'
+        'lib.impl("twice", lambda x: x * 2, "CPU")\n'
+    )
+    label = _label(
+        cells.run(
+            "outcomes = torch.library.opcheck(torch.ops.hist_cpu.twice.default, "
+            "(torch.randn(3),), raise_exception=False)"
+        )
+    )
+    [check] = _entry(label).checks
+    assert check.details["test_utils"] == ("test_schema", "test_autograd_registration")
+    notes = _entry(label).unkept
+    assert any("test_faketensor of hist_cpu::twice.default failed here" in n for n in notes)
+
+
+def test_the_doctor_in_a_cell_records_what_its_ladder_proved(cells: Cells) -> None:
+    """The doctor's opcheck rung records its passing tests; its gradients rung, a gradcheck
+    case (gradcheck in float64, as the package's test runs it)."""
+    cells.run(
+        '%%custom_op hist_doc::f --mutates-args ""\n'
+        "def f(x: torch.Tensor) -> torch.Tensor:\n    return x.sin()\n\n"
+        "@fake\ndef _(x):\n    return torch.empty_like(x)\n\n"
+        "@setup_context\ndef _(ctx, inputs, output):\n    ctx.save_for_backward(inputs[0])\n\n"
+        "@backward\ndef _(ctx, grad):\n    return grad * ctx.saved_tensors[0].cos()\n"
+    )
+    label = _label(
+        cells.run(
+            "import opmagic\n"
+            "opmagic.doctor(f, torch.randn(3, requires_grad=True), until='opcheck', "
+            "progress=False)"
+        )
+    )
+    checks = {check.kind: check for check in _entry(label).checks}
+    assert checks.keys() == {"opcheck", "gradcheck"}
+    assert checks["gradcheck"].op == "hist_doc::f.default"
+    assert checks["opcheck"].details == {}  # every default test passed
+
+
 def test_a_failed_run_is_history_and_the_previous_run_stays_exported(cells: Cells) -> None:
     first = _label(cells.run(PLAIN_CELL, cell_id="plain"))
     cells.fail(PLAIN_CELL + "raise ValueError('edited badly')\n", cell_id="plain")

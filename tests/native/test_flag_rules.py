@@ -187,12 +187,14 @@ def _would_build(*args, **kwargs):
         {"extra_cflags": "-save-temps=cwd"},
     ],
 )
+@pytest.mark.slow  # calls compile_library (it refuses before building)
 def test_compile_library_refuses_them_before_anything_runs(monkeypatch, keywords):
     monkeypatch.setattr(opmagic.native.library, "published_build", _would_build)
     with pytest.raises(BuildOptionError, match="which a build cannot take"):
         compile_library(op_source("fr_before"), progress=None, **keywords)
 
 
+@pytest.mark.slow  # calls compile_cuda_library (it refuses before building)
 def test_compile_cuda_library_refuses_nvcc_flags_before_anything_runs(monkeypatch):
     monkeypatch.setattr(opmagic.native.library, "published_build", _would_build)
     with pytest.raises(BuildOptionError, match=r"nvcc_flags has -keep, which a build"):

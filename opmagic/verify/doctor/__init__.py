@@ -25,10 +25,12 @@ from typing import Any
 import torch
 
 from ..._torch import custom_op_state
+from ...cells.history import CheckSample
+from ...cells.session import active_session
 from ...dispatch.ops import op_ref, overloads_of
 from ...dispatch.torch_functions import unbind
 from ...errors import ArgumentTypeError
-from ..checks import checked_operator
+from ..checks import checked_operator, gradcheck_row
 from ..compare.progress import ProgressCallback, Reporter
 from . import compiled, rungs
 from .causes import CAUSES, Cause
@@ -134,6 +136,7 @@ def doctor(
             ]
         finally:
             reporter.finish(sum(r.name in selected for r in results if "Ctrl-C" not in r.detail))
+    _record_for_export(target, collected, results)
     return Diagnosis(
         name,
         str(target.schema),
@@ -142,6 +145,23 @@ def doctor(
         tuple(ladder.findings),
         time.perf_counter() - started,
     )
+
+
+def _record_for_export(target: Target, samples: list[Sample], results: list[RungResult]) -> None:
+    """In a cell, the gradients the ladder checked become the export's gradcheck cases (its
+    opcheck rung records its passing tests through ``torch.library.opcheck``): each sample on
+    which the package's test, gradcheck in float64 of every float argument, passes too."""
+    session = active_session()
+    climbed = {result.name: result.status for result in results}
+    if session is None or climbed.get("gradients") != "pass":
+        return
+    for sample in samples:
+        if any(t.requires_grad for t in sample.tensors()):
+            fresh = sample.fresh()
+            if gradcheck_row(target.overload, fresh.args, fresh.kwargs).status == "pass":
+                session.record_check(
+                    "gradcheck", target.overload, [CheckSample(sample.args, sample.kwargs)]
+                )
 
 
 def _selected(rungs_asked: Iterable[str] | None, until: str | None) -> set[str]:
