@@ -543,7 +543,7 @@ class BuildProgress:
         """The step as it starts, without times (a log's line; the step's end gives its
         duration): ``opmagic: libx.so: linking …``."""
         last = (
-            f" (the last build on this machine took {self.expected:.0f} s)"
+            f" (the last build on this machine took {format_duration(round(self.expected))})"
             if self.expected is not None
             else ""
         )
@@ -592,7 +592,8 @@ class StderrProgress:
         elif event.finished or event.step != self._last_step:
             if self._last_step:  # the step that ended, with its own duration
                 took = event.elapsed - self._step_started
-                stream.write(f"opmagic: {event.library}: {self._last_step} took {took:.1f} s\n")
+                took_text = format_duration(took)
+                stream.write(f"opmagic: {event.library}: {self._last_step} took {took_text}\n")
                 event = dataclasses.replace(event, expected=None)  # said at the first step
             stream.write(f"{event if event.finished else event.started}\n")
             self._step_started = event.elapsed

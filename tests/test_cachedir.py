@@ -330,8 +330,8 @@ def test_progress_in_a_log_names_each_step_with_its_own_duration(monkeypatch):
         "opmagic: libx.so: compiling … (the last build on this machine took 60 s)",
         "opmagic: libx.so: compiling took 63.2 s",
         "opmagic: libx.so: linking …",
-        "opmagic: libx.so: linking took 0.8 s",
-        "opmagic: built libx.so in 64.0 s",
+        "opmagic: libx.so: linking took 800 ms",
+        "opmagic: built libx.so in 64 s",
     ]
     show(BuildProgress("liby.so", "compiling", 0.0))  # the next build starts afresh
     assert log.getvalue().splitlines()[-1] == "opmagic: liby.so: compiling …"

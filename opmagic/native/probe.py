@@ -49,6 +49,7 @@ from typing import Any
 
 from ..cachedir import opened_names, read_json_file, write_atomic
 from ..dispatch.sites import label_location, parse_site
+from ..display import format_duration
 from ..errors import BuildOptionError, LoadError
 from .loader import NativeLibrary
 from .registration import Registration, SourceSite
@@ -312,7 +313,7 @@ def _timers() -> list[str]:
     ):
         delay, interval = signal.getitimer(which)
         if delay or interval:
-            armed.append(f"a timer that sends {name} in {delay:.1f} s")
+            armed.append(f"a timer that sends {name} in {format_duration(delay)}")
     with contextlib.suppress(OSError):
         count = Path("/proc/self/timers").read_text().count("ID:")
         armed += ["a POSIX timer (timer_create)"] * count

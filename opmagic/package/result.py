@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..display import Displayable
+from ..display import Displayable, format_duration
 
 
 @dataclass(frozen=True)
@@ -46,4 +46,4 @@ class Verification(Displayable):
         if failed:
             return f"FAILED at {failed[0]}"
         ran = sum(step.status == "pass" for step in self.steps)
-        return f"verified: {ran} steps passed in {self.seconds:.0f} s"
+        return f"verified: {ran} steps passed in {format_duration(self.seconds, 2)}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ..display import renders
+from ..display import format_duration, renders
 from ..package import Export, Verification
 from .layout import aligned, fitted, html_rows
 from .style import FAIL_FILL, STATUS_COLOURS, styled
@@ -96,7 +96,7 @@ def verification_html(result: Verification) -> str:
         fill = f' style="background:{FAIL_FILL}"' if step.status == "FAIL" else ""
         rows.append(
             f"<tr{fill}><td style=\"color:{STATUS_COLOURS[step.status]}\">{escape(step.status)}"
-            f"</td><td>{step.seconds:.1f} s</td><td>{escape(step.name)}</td>"
+            f"</td><td>{format_duration(step.seconds, 2)}</td><td>{escape(step.name)}</td>"
             f"<td>{escape(step.detail)}</td></tr>"
         )
         if step.log:

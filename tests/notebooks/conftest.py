@@ -30,8 +30,6 @@ def run_notebook(
     """
     import nbformat
 
-    from .client import JupyterLabClient
-
     done: dict[str, nbformat.NotebookNode] = {}
 
     def run(name: str) -> nbformat.NotebookNode:
@@ -47,6 +45,8 @@ def run_notebook(
 def execute(notebook: nbformat.NotebookNode, directory: Path) -> None:
     """Run every cell of ``notebook`` (in place) in a fresh ``python3`` kernel started in
     ``directory``, with this checkout on ``PYTHONPATH``, as JupyterLab sends the cells."""
+    from .client import JupyterLabClient  # nbclient loads when a notebook runs
+
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     JupyterLabClient(
         notebook,
