@@ -338,7 +338,7 @@ _OPMAGIC_FRAME = re.compile(r"File [^\n]*/opmagic/")
 
 
 @pytest.mark.slow
-@_SETTINGS
+@settings(_SETTINGS, max_examples=30)  # a traced cell with a runaway recursion takes ~1 s
 @given(
     statements=st.lists(_TRACED, min_size=1, max_size=3),
     options=st.sampled_from(["", "--fake", "--no-grad", "--autocast cpu", "--view frame"]),
