@@ -27,9 +27,6 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-# the benchmarks' directory holds cuda.py: it must not shadow the cuda package (cuda-bindings)
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = textwrap.dedent(
     """\

@@ -47,12 +47,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-# the benchmarks' directory holds cuda.py: it must not shadow the cuda package (cuda-bindings)
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import torch
 
-import torch  # noqa: E402
-
-from opmagic.native.toolchain import find_toolchain  # noqa: E402
+from opmagic.native.toolchain import find_toolchain
 
 ROOT = Path(__file__).resolve().parents[1]
 

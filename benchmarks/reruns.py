@@ -29,13 +29,9 @@ import os
 import statistics
 import sys
 import textwrap
-from pathlib import Path
 
-# benchmarks/cuda.py must not shadow the cuda package (cuda-bindings) for %%cuda_kernel
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
-from IPython.utils.capture import capture_output  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
 
 RERUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 100
 WINDOW = 10

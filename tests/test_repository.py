@@ -300,3 +300,17 @@ def test_the_license_file_is_the_license_pyproject_names():
     assert text.startswith("BSD 3-Clause License\n")
     assert re.search(r"^Copyright \(c\) \d{4}, the opmagic authors$", text, re.M)
     assert "3. Neither the name of the copyright holder nor the names of its" in text
+
+
+def test_no_benchmark_shadows_a_module_it_may_import():
+    """``python benchmarks/X.py`` puts benchmarks/ first on sys.path: a script named like an
+    installed module (cuda.py beside cuda-bindings, which ``import torch`` loads) would be
+    imported in its place."""
+    import importlib.util
+
+    shadowing = [
+        script.name
+        for script in (ROOT / "benchmarks").glob("*.py")
+        if importlib.util.find_spec(script.stem) is not None
+    ]
+    assert not shadowing

@@ -74,7 +74,7 @@ from ..cachedir import (
 from ..errors import BuildError, LoadError
 
 SOURCE = Path(__file__).with_name("op_observer.cpp")
-# -O1: a third less compile time than -O2 and the same per-call cost (benchmarks/trace.py);
+# -O1: a third less compile time than -O2 and the same per-call cost (benchmarks/trace_overhead.py);
 # NDEBUG: torch's release headers assert otherwise
 FLAGS = ("-O1", "-DNDEBUG")
 MODULE_NAME = "opmagic_op_observer"  # the Python extension module it is built as

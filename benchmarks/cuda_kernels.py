@@ -1,6 +1,6 @@
 """%%cuda_kernel timings: the NVRTC quick path, the nvcc full path, launches and bandwidth.
 
-    python benchmarks/cuda.py [--repeat N]
+    python benchmarks/cuda_kernels.py [--repeat N]
 
 Each figure is printed with its ratio to a baseline measured in the same run:
 
@@ -31,7 +31,6 @@ import importlib.util
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -39,13 +38,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# this script is named cuda.py: its directory must not shadow the cuda package (cuda-bindings)
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import torch
 
-import torch  # noqa: E402
-
-from opmagic.errors import ToolchainError  # noqa: E402
-from opmagic.native.cuda.toolkit import (  # noqa: E402
+from opmagic.errors import ToolchainError
+from opmagic.native.cuda.toolkit import (
     find_cuda_toolkit,
     gpu_unavailable_reason,
     running_gpu_arch,

@@ -2,7 +2,7 @@
 forward untraced, measured in the same run; the trace's size; and what the other ways of
 watching operator calls see and cost.
 
-    python benchmarks/trace.py [--short]
+    python benchmarks/trace_overhead.py [--short]
 
 Target: a traced forward (the trace built) takes <= 5x the untraced forward, for
 the module of notebooks/trace.ipynb; a toy-sized layer is reported too, where the tracer's

@@ -3,7 +3,7 @@
 same kernel launched by the bare interpreter (``TRITON_INTERPRET=1`` style), measured in the
 same run, alternately; and the first launch, which runs Triton's compiler front end.
 
-    python benchmarks/triton.py
+    python benchmarks/triton_kernels.py
 
 The bare interpreter is the baseline: it reads and writes any address a kernel computes; the
 ratio is what catching an out-of-bounds access (and running Triton's own library and helper
