@@ -44,6 +44,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for case, keep in zip(function_cases, chosen, strict=True):
             if not keep:
                 case.add_marker(pytest.mark.exhaustive)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_background_precompile_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """After the run, end the background precompiles its builds, ``%load_ext opmagic`` and
@@ -73,12 +75,31 @@ def stop_background_precompiles(root: Path, wait_s: float = 10.0) -> list[int]:
     return stopped
 
 
+def _stat_fields(stat: Path) -> list[str] | None:
+    """A process's ``/proc/PID/stat`` after its name (state, parent, group, ...); None when
+    the process is gone."""
+    try:
+        return stat.read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _alive(pid: int) -> bool:
     """Whether the process is there and not a zombie waiting for its parent."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return fields is not None and fields[0] != "Z"
+
+
+def running_in_group(pgid: int) -> list[int]:
+    """Pids of the processes of group ``pgid`` that still run (zombies, dead but not yet
+    reaped by a parent, do not)."""
+    return [
+        int(stat.parent.name)
+        for stat in Path("/proc").glob("[0-9]*/stat")
+        if (fields := _stat_fields(stat)) is not None
+        and fields[0] != "Z"
+        and int(fields[2]) == pgid
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -228,6 +228,11 @@ class CellReport:
     notes: tuple[str, ...]
 
 
+def _checked_name(op: Any) -> str | None:
+    """The name a recorded check gives its operator (``"ns::name.overload"``)."""
+    return op if isinstance(op, str) else operator_label(op)
+
+
 @dataclass(frozen=True)
 class SessionReport(Displayable):
     """What each cell of the session registered (``%opmagic session``)."""
@@ -607,7 +612,7 @@ class Session:
         lists it). Returns whether anything was recorded: nothing is outside a cell.
         """
         run = self._cell_run
-        name = op if isinstance(op, str) else operator_label(op)
+        name = _checked_name(op)
         if run is None or name is None:
             return False
         kept = []
@@ -918,12 +923,14 @@ class Session:
             if not isinstance(outcomes, dict):
                 return
             passed = tuple(test for test, outcome in outcomes.items() if outcome == "SUCCESS")
-            run, name = self._cell_run, operator_label(op) if not isinstance(op, str) else op
-            for test in sorted(outcomes.keys() - set(passed)):
-                if run is not None:
-                    run.unkept.append(
-                        f"opcheck's {test} of {name} failed here: it is not a test of the package"
-                    )
+            failed = sorted(outcomes.keys() - set(passed))
+            run = self._cell_run
+            if run is not None and failed:
+                name = _checked_name(op)
+                run.unkept += [
+                    f"opcheck's {test} of {name} failed here: it is not a test of the package"
+                    for test in failed
+                ]
             if passed:
                 chosen = {} if set(passed) == set(_DEFAULT_TEST_UTILS) else {"test_utils": passed}
                 self.record_check("opcheck", op, [sample], **chosen)

@@ -6,7 +6,6 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from opmagic.magics.torch_library import DisplayProgress, TorchLibraryMagics
 from opmagic.native import LoadedLibrary, compile_library, precompile_headers
 from opmagic.native.headers import precompile_headers_in_background
 
-from ..conftest import stop_background_precompiles
+from ..conftest import running_in_group, stop_background_precompiles
 from ..native.sources import MINIMAL_INCLUDES, op_source, reload_variant, stable_op_source
 
 
@@ -320,20 +319,7 @@ def test_the_test_run_ends_the_background_precompiles_it_started(tmp_path, monke
     assert pids
     assert set(stop_background_precompiles(tmp_path)) == pids
     deadline = time.monotonic() + 10  # the compiler may take a moment to die of its SIGTERM
-    while any(_running_in_group(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(running_in_group(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(_running_in_group(pid) for pid in pids)  # the shell and the compiler it ran
+    assert not any(running_in_group(pid) for pid in pids)  # the shell and the compiler it ran
 
-
-def _running_in_group(pgid: int) -> list[int]:
-    """Pids of the processes of group ``pgid`` that still run (zombies, dead but not yet
-    reaped by a parent, do not)."""
-    running = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):  # gone meanwhile
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            running.append(int(stat.parent.name))
-    return running
