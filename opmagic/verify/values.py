@@ -20,7 +20,9 @@ def describe_value(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         grad = ", requires_grad" if value.requires_grad else ""
         device = "" if value.device.type == "cpu" else f", {value.device}"
-        return f"{dtype_name(value.dtype)}{list(value.shape)}{device}{grad}"
+        # a strided nested tensor has no sizes: its components are counted instead
+        shape = f"nested[{value.size(0)}]" if value.is_nested else str(list(value.shape))
+        return f"{dtype_name(value.dtype)}{shape}{device}{grad}"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(describe_value(v) for v in value) + "]"
     return repr(value)
