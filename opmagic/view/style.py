@@ -27,7 +27,7 @@ STYLESHEET = (
     ".opmagic .under{white-space:normal;padding-left:22px;color:#555}"
     ".opmagic .once{color:#ef6c00}"
     ".opmagic details.section>summary{font-weight:bold;margin-top:4px}"
-    ".opmagic table.wraps td{white-space:normal}"
+    ".opmagic table.wraps td,.opmagic table.wraps th{white-space:normal}"
     ".opmagic table.wraps td:last-child{overflow-wrap:anywhere}"
     ".opmagic .headline{white-space:normal;font-weight:bold}"  # a summary wraps where it is shown
     # the tree takes the width it is given, not its rows'

@@ -134,7 +134,8 @@ def listing_html(table: DispatchTable, show_all: bool = False) -> str:
         else ""
     )
     return (
-        "<table><tr><th>keys (highest priority first)</th><th>category</th><th>kind</th>"
+        '<table class="wraps"><tr><th>keys (highest priority first)</th><th>category</th>'
+        "<th>kind</th>"
         f"<th>source</th></tr>{rows}</table>{note}"
     )
 

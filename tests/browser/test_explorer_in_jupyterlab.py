@@ -156,6 +156,9 @@ def test_quickstart_explorer_shows_the_answer_at_two_window_sizes(
         kernels.first.wait_for()
         assert kernels.filter(has_text="via Autograd").count() == 1
         assert kernels.count() <= 6
+        tab = explorer.locator(".widget-tab-contents").first
+        assert _overflows(tab) == {"x": False, "y": False}, _sticking_out(tab)
+        kernels.last.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "explorer-kernels-1024x768.png"))
 
         # the trace tab: the sample call run and traced, its tree and surprises
@@ -164,7 +167,6 @@ def test_quickstart_explorer_shows_the_answer_at_two_window_sizes(
         trace = explorer.locator(".opmagic-trace")
         trace.get_by_text("operator call").first.wait_for(timeout=TRACE_S * 1000)
         assert "scale" in trace.inner_text()
-        tab = explorer.locator(".widget-tab-contents").first
         assert _overflows(tab) == {"x": False, "y": False}, _sticking_out(tab)
         trace.locator(".calls-pane").scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "explorer-trace-1024x768.png"))
