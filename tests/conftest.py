@@ -20,6 +20,14 @@ from .matrix import in_sample
 from .shell import Cells, warm_up_torch
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Let Ctrl-C reach the run and the children it starts: a run started in the background
+    by a script (``nohup pytest &``) ignores SIGINT, every child inherits that, and the
+    tests that press Ctrl-C in a child would see nothing happen."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Move everything alive after collection (torch, IPython, the test items) out of the
     garbage collector's reach: IPython collects at every ``reset()``, which the ``cells``
