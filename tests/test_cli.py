@@ -201,7 +201,7 @@ def overriding_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def test_diff_of_an_import_names_its_aten_override_and_fails_ci_with_the_flag(
     overriding_module: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("COLUMNS", "1000")  # the site, a temporary path, on its row
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns (once a process) about the override
         status = main(["diff", "--import", overriding_module, "--fail-on-aten-override"])
