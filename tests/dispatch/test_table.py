@@ -209,7 +209,7 @@ def test_text_and_html_forms():
     assert "AutogradCPU, AutogradCUDA + 16 more keys" in text and "via Autograd" in text
     assert "registrations as made" in text
     html = table._repr_html_()
-    assert html.index("<svg") < html.index("<details>") < html.index("<table class=\"wraps\">")
+    assert html.index("<svg") < html.index("<details>") < html.index('<table class="wraps">')
     assert "via CompositeExplicitAutogradNonFunctional" in html
     bundle = table._repr_mimebundle_()
     assert bundle["text/plain"] == text and "<svg" in bundle["image/svg+xml"]
