@@ -294,7 +294,8 @@ def test_doctor_of_a_module_op_exits_1_on_findings_and_0_once_fixed(tmp_path: Pa
     """Spawns Python. The op in an importable module: a finding fails CI; with its fix, it
     passes."""
     (tmp_path / "cli_doctor_ops.py").write_text(DOCTOR_MODULE)
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", "COLUMNS": "100"}
+    # wide enough for the site, a temporary path, on its line (longer under pytest-xdist)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", "COLUMNS": "1000"}
 
     def doctor_cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
