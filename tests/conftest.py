@@ -41,7 +41,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``exhaustive`` every case of a ``matrix`` test outside its fast-loop sample
-    (:func:`tests.matrix.in_sample`), each test function's cases in collection order."""
+    (:func:`tests.matrix.in_sample`), each test function's cases in collection order; under
+    pytest-xdist, put the groups with the most slow tests first."""
     cases: dict[tuple[Path, str], list[pytest.Item]] = {}
     for item in items:
         spec = getattr(item, "callspec", None)
@@ -52,15 +53,59 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for case, keep in zip(function_cases, chosen, strict=True):
             if not keep:
                 case.add_marker(pytest.mark.exhaustive)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _slowest_groups_first(items)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_background_precompile_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """After the run, end the background precompiles its builds, ``%load_ext opmagic`` and
-    notebook kernels started in the run's temporary caches: they outlive the process that
-    starts them by design (opmagic.native.headers) and would go on compiling after it."""
-    yield
-    stop_background_precompiles(tmp_path_factory.getbasetemp())
+# Under pytest-xdist (``-n 2``: CI), modules are handed out whole and the browser's and the
+# notebooks' tests as one group each: a module's fixtures (a shell that compiled, a child that
+# ran every crash case) and a session's JupyterLab or executed notebooks are made once. Groups
+# with more slow tests go first, so that the longest ones do not start last.
+_ONE_GROUP = ("tests/browser/", "tests/notebooks/")
+
+
+def _group(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module, or one of :data:`_ONE_GROUP`."""
+    path = nodeid.split("::", 1)[0]
+    return next((group for group in _ONE_GROUP if path.startswith(group)), path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Hand whole groups (:func:`_group`) to the workers, in the order collected."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order of _slowest_groups_first
+    return ByGroup(config, log)
+
+
+def _slowest_groups_first(items: list[pytest.Item]) -> None:
+    """Order the groups by their number of slow tests, most first (in place, stable)."""
+    slow: dict[str, int] = {}
+    for item in items:
+        group = _group(item.nodeid)
+        slow[group] = slow.get(group, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[_group(item.nodeid)])
+
+
+def _run_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run's temporary directory: shared by the workers under pytest-xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After the run (every worker's, under pytest-xdist), end the background precompiles
+    its builds, ``%load_ext opmagic`` and notebook kernels started in the run's temporary
+    caches: they outlive the process that starts them by design (opmagic.native.headers)
+    and would go on compiling after it."""
+    factory = getattr(session.config, "_tmp_path_factory", None)  # pytest's, made at configure
+    if os.environ.get("PYTEST_XDIST_WORKER") is None and factory is not None:
+        stop_background_precompiles(factory.getbasetemp())
 
 
 def stop_background_precompiles(root: Path, wait_s: float = 10.0) -> list[int]:
@@ -114,11 +159,12 @@ def running_in_group(pgid: int) -> list[int]:
 def build_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A private opmagic build cache for the whole run (``XDG_CACHE_HOME`` points at it).
 
-    Shared by every test that compiles, and inherited by the processes and notebook kernels
-    they start, so each precompiled header set is built once per run, never in the user's
-    own cache.
+    Shared by every test that compiles (by every worker, under pytest-xdist), and inherited
+    by the processes and notebook kernels they start, so each precompiled header set is built
+    once per run, never in the user's own cache.
     """
-    root = tmp_path_factory.mktemp("xdg-cache")
+    root = _run_directory(tmp_path_factory) / "xdg-cache"
+    root.mkdir(exist_ok=True)
     previous = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(root)
     yield root
