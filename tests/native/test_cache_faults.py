@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from opmagic._torch import op_observer
 from opmagic.cachedir import artifact_problem, artifact_record, remove_path
 from opmagic.native import compile_library, precompile_headers
 
@@ -174,17 +175,30 @@ def observer_cache(tmp_path_factory) -> Path:
         ("directory open to others", "is not private: it is writable by other users"),
     ],
 )
-def test_a_damaged_observer_is_rebuilt_not_loaded(
+def test_a_damaged_observer_is_found_before_anything_of_it_is_loaded(
     observer_cache, other_library, tmp_path, kind, found
 ):
+    """The check every trace's load makes, in this process: it refuses before mapping."""
     home = tmp_path / "home"
     shutil.copytree(observer_cache, home, symlinks=True)
     (library,) = home.glob("opmagic/v1/observer/*/opmagic_op_observer.so")
     _damage(kind, library, other_library)
+    module, damage = op_observer._load(library.parent)
+    assert module is None and found in damage, damage
+    assert str(library.parent) not in Path("/proc/self/maps").read_text()
+
+
+def test_a_damaged_observer_is_rebuilt_not_loaded(observer_cache, other_library, tmp_path):
+    """A trace in a fresh process rebuilds a damaged observer and loads only the rebuilt one
+    (the damage kinds above all take this path; a rebuild costs a compile, so once here)."""
+    home = tmp_path / "home"
+    shutil.copytree(observer_cache, home, symlinks=True)
+    (library,) = home.glob("opmagic/v1/observer/*/opmagic_op_observer.so")
+    _damage("bytes flipped", library, other_library)
     report, log = _trace_in_child(home)  # loading a damaged library could end the process
     assert report["ops"] == ["aten::add.Tensor"]
     damage = log.partition("the cached one is damaged (")[2]
-    assert found in damage.partition(")")[0], log  # found before anything was loaded
+    assert "its SHA-256 differs" in damage.partition(")")[0], log  # found before any load
     (mapped,) = report["mapped"]  # one load: a checked copy of the rebuilt library
     assert "/memfd:opmagic-opmagic_op_observer.so" in mapped
     record = json.loads((library.parent / "build.json").read_text())
