@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .._torch import dispatcher
 from ..cells.history import CellEntry
 from ..cells.session import active_session
@@ -216,7 +218,7 @@ def _checked_arguments(
         raise ArgumentTypeError(f"export: overwrite must be True or False, got {overwrite!r:.60}.")
     numbers = None
     if cells is not None:
-        if isinstance(cells, (str, bytes)) or not isinstance(cells, Iterable):
+        if isinstance(cells, (str, bytes, torch.Tensor)) or not isinstance(cells, Iterable):
             raise ArgumentTypeError(
                 f"export: cells must be cell numbers, e.g. [3, 5], got {cells!r:.60}."
             )

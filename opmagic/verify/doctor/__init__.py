@@ -170,7 +170,9 @@ def _selected(rungs_asked: Iterable[str] | None, until: str | None) -> set[str]:
     if rungs_asked is not None:
         if isinstance(rungs_asked, str):
             rungs_asked = [rungs_asked]
-        if not isinstance(rungs_asked, Iterable) or isinstance(rungs_asked, (bytes, dict)):
+        if not isinstance(rungs_asked, Iterable) or isinstance(
+            rungs_asked, (bytes, dict, torch.Tensor)
+        ):
             raise ArgumentTypeError(
                 f"doctor: rungs must be rung names, got {type(rungs_asked).__name__} "
                 f"{rungs_asked!r:.60}; the rungs are {', '.join(RUNG_NAMES)}."
