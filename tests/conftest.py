@@ -20,6 +20,9 @@ import opmagic.magics
 from .matrix import in_sample
 from .shell import Cells, warm_up_torch
 
+# set in the worker processes of pytest-xdist (``-n 2``) before this file is imported
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
 # Generated inputs (Hypothesis) explore new examples on every run of a developer's machine; in
 # CI they are the same examples each run (derandomize), so that a red CI names a change, not a
 # draw. What exploring finds becomes a fixed test (see tests/test_hostile_api.py).
@@ -61,7 +64,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for case, keep in zip(function_cases, chosen, strict=True):
             if not keep:
                 case.add_marker(pytest.mark.exhaustive)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if _XDIST_WORKER:
         _slowest_groups_first(items)
 
 
@@ -103,7 +106,7 @@ def _slowest_groups_first(items: list[pytest.Item]) -> None:
 def _run_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run's temporary directory: shared by the workers under pytest-xdist."""
     base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return base.parent if _XDIST_WORKER else base
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -112,7 +115,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     caches: they outlive the process that starts them by design (opmagic.native.headers)
     and would go on compiling after it."""
     factory = getattr(session.config, "_tmp_path_factory", None)  # pytest's, made at configure
-    if os.environ.get("PYTEST_XDIST_WORKER") is None and factory is not None:
+    if _XDIST_WORKER is None and factory is not None:
         stop_background_precompiles(factory.getbasetemp())
 
 

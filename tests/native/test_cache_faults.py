@@ -164,6 +164,14 @@ def observer_cache(tmp_path_factory) -> Path:
     return home
 
 
+def _observer_copy(observer_cache: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the cache home the observer was built in: the home, and its library."""
+    home = tmp_path / "home"
+    shutil.copytree(observer_cache, home, symlinks=True)
+    (library,) = home.glob("opmagic/v1/observer/*/opmagic_op_observer.so")
+    return home, library
+
+
 @pytest.mark.parametrize(
     ("kind", "found"),
     [
@@ -179,9 +187,7 @@ def test_a_damaged_observer_is_found_before_anything_of_it_is_loaded(
     observer_cache, other_library, tmp_path, kind, found
 ):
     """The check every trace's load makes, in this process: it refuses before mapping."""
-    home = tmp_path / "home"
-    shutil.copytree(observer_cache, home, symlinks=True)
-    (library,) = home.glob("opmagic/v1/observer/*/opmagic_op_observer.so")
+    _, library = _observer_copy(observer_cache, tmp_path)
     _damage(kind, library, other_library)
     module, damage = op_observer._load(library.parent)
     assert module is None and found in damage, damage
@@ -191,9 +197,7 @@ def test_a_damaged_observer_is_found_before_anything_of_it_is_loaded(
 def test_a_damaged_observer_is_rebuilt_not_loaded(observer_cache, other_library, tmp_path):
     """A trace in a fresh process rebuilds a damaged observer and loads only the rebuilt one
     (the damage kinds above all take this path; a rebuild costs a compile, so once here)."""
-    home = tmp_path / "home"
-    shutil.copytree(observer_cache, home, symlinks=True)
-    (library,) = home.glob("opmagic/v1/observer/*/opmagic_op_observer.so")
+    home, library = _observer_copy(observer_cache, tmp_path)
     _damage("bytes flipped", library, other_library)
     report, log = _trace_in_child(home)  # loading a damaged library could end the process
     assert report["ops"] == ["aten::add.Tensor"]
@@ -207,9 +211,7 @@ def test_a_damaged_observer_is_rebuilt_not_loaded(observer_cache, other_library,
 
 
 def test_an_observer_that_does_not_load_is_rebuilt(observer_cache, other_library, tmp_path):
-    home = tmp_path / "home"
-    shutil.copytree(observer_cache, home, symlinks=True)
-    (library,) = home.glob("opmagic/v1/observer/*/opmagic_op_observer.so")
+    home, library = _observer_copy(observer_cache, tmp_path)
     shutil.copyfile(other_library, library)  # a library, but not the observer: recorded as it
     record_file = library.parent / "build.json"
     record = json.loads(record_file.read_text())
