@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import logging
 import os
 import signal
 import time
@@ -229,3 +230,18 @@ def cells(ipython: InteractiveShell) -> Iterator[Cells]:
 def dump() -> Callable[[str], str]:
     """The dispatcher's registrations of an operator, as it prints them."""
     return torch._C._dispatch_dump
+
+
+@pytest.fixture
+def fake_tensor_log() -> Iterator[list[logging.LogRecord]]:
+    """What torch's FakeTensorMode logs during the test (its logger's records, as a handler of
+    that logger sees them: after the logger's filters)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)

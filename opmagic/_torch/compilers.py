@@ -7,6 +7,7 @@ What the doctor runs an op through; one thin function per private call.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from types import CodeType
@@ -20,6 +21,33 @@ def fake_mode() -> Any:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     return FakeTensorMode()
+
+
+# what FakeTensorMode logs, with torch's traceback, before it re-raises a meta kernel's or a
+# fake impl's error (torch/_subclasses/fake_tensor.py)
+_RERAISED_FAKE_ERRORS = frozenset(
+    {"failed while attempting to run meta for %s", "fake tensor raised TypeError"}
+)
+
+
+class _ReraisedFakeErrorsFilter(logging.Filter):
+    """Drops FakeTensorMode's log of an error it re-raises."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in _RERAISED_FAKE_ERRORS
+
+
+@contextlib.contextmanager
+def fake_errors_unlogged() -> Iterator[None]:
+    """FakeTensorMode's own log of an error it re-raises left out: opmagic (or IPython) shows
+    that error once, and the log would show it again with torch's internal frames."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    dropped = _ReraisedFakeErrorsFilter()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
 
 
 def fake_tensor(mode: Any, tensor: torch.Tensor) -> torch.Tensor:

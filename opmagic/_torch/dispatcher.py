@@ -541,13 +541,6 @@ def vmap_fallback_enabled() -> bool:
 # ---------------------------------------------------------------- contexts for a call
 
 
-def new_fake_tensor_mode() -> Any:
-    """A fresh ``FakeTensorMode`` (its tensors come from ``mode.from_tensor``)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode()
-
-
 def new_logging_dispatch_mode(log: list[str]) -> Any:
     """A ``TorchDispatchMode`` that appends each operator it sees to ``log`` and runs it."""
     from torch.utils._python_dispatch import TorchDispatchMode

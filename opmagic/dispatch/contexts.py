@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .._torch import dispatcher
+from .._torch import compilers, dispatcher
 from ..errors import ArgumentTypeError, OpmagicError
 from .ops import op_ref
 from .resolve import Resolution, resolve
@@ -108,7 +108,7 @@ class CallContext:
         with contextlib.ExitStack() as stack:
             convert: Callable[[torch.Tensor], torch.Tensor] = _same
             if self.fake:
-                mode = dispatcher.new_fake_tensor_mode()
+                mode = compilers.fake_mode()
                 convert = functools.partial(_faked, mode)
             if self.no_grad:
                 stack.enter_context(torch.no_grad())
@@ -123,6 +123,7 @@ class CallContext:
                         "Use a device type this torch supports, e.g. 'cpu'."
                     ) from exc
             if self.fake:
+                stack.enter_context(compilers.fake_errors_unlogged())
                 stack.enter_context(mode)
             if self.logging:
                 stack.enter_context(dispatcher.new_logging_dispatch_mode([]))

@@ -55,6 +55,16 @@ def test_fake_mode_converts_the_inputs_and_reaches_python() -> None:
     assert "TorchDispatchMode FakeTensorMode active" in got.context
 
 
+def test_an_error_under_fake_is_raised_once_not_also_logged_with_torchs_frames(
+    fake_tensor_log,
+) -> None:
+    """FakeTensorMode logs a failing meta kernel's traceback before re-raising it: the user
+    sees the raised error, so the log stays out of the cell's output."""
+    with pytest.raises(RuntimeError, match="broadcast"), CallContext(fake=True).applied():
+        torch.ones(2) + torch.ones(3)
+    assert fake_tensor_log == []
+
+
 def test_logging_mode_is_an_active_dispatch_mode() -> None:
     resolution = CallContext(logging=True).resolve(MUL, *_pair())
     assert "TorchDispatchMode LoggingMode active" in resolution.context

@@ -121,7 +121,7 @@ def test_a_wrong_fake_is_named_at_its_line_and_the_inferred_fake_fixes_it(
     assert doctor(names["f"], samples=samples, until=EAGER, progress=False).ok
 
 
-def test_a_fake_that_does_not_take_the_ops_arguments_is_fake_signature(ns) -> None:
+def test_a_fake_that_does_not_take_the_ops_arguments_is_fake_signature(ns, fake_tensor_log) -> None:
     names = define(
         """
         @torch.library.custom_op("NS::mul", mutates_args=())
@@ -139,6 +139,7 @@ def test_a_fake_that_does_not_take_the_ops_arguments_is_fake_signature(ns) -> No
     assert found.findings[0].site == line_of(names, "@mul.register_fake", ns)
     assert found.findings[0].fix.endswith("def _(x, y):")
     assert found.rung("fake").status == "skip"
+    assert fake_tensor_log == []  # not FakeTensorMode's log of the TypeError too
 
 
 def test_an_output_size_that_depends_on_the_data_is_data_dependent_shape(ns) -> None:

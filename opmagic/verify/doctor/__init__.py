@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..._torch import custom_op_state
+from ..._torch import compilers, custom_op_state
 from ...cells.history import CheckSample
 from ...cells.session import active_session
 from ...dispatch.ops import op_ref, overloads_of
@@ -241,8 +241,14 @@ def _climb(ladder: Ladder, rung: Rung, selected: set[str]) -> RungResult:
 @contextlib.contextmanager
 def _isolated() -> Iterator[None]:
     """The ladder's side effects kept inside it: torch's random state (samples and gradcheck
-    draw numbers), grad mode, and warnings (the rungs' own are not the user's)."""
+    draw numbers), grad mode, and warnings and FakeTensorMode's logs (the rungs' own are not
+    the user's: a finding reports the error)."""
     devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices), torch.enable_grad(), warnings.catch_warnings():
+    with (
+        torch.random.fork_rng(devices=devices),
+        torch.enable_grad(),
+        warnings.catch_warnings(),
+        compilers.fake_errors_unlogged(),
+    ):
         warnings.simplefilter("ignore")
         yield
