@@ -95,6 +95,26 @@ def _damage(kind: str, library: Path, other: Path) -> None:
 
 
 @pytest.fixture(scope="module")
+def core_headers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The core headers (what ``op_source`` includes) precompiled once, in a home of their own:
+    the one prefix directory there."""
+    home = tmp_path_factory.mktemp("core-headers")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(home))
+        precompile_headers([op_source("cf_core")])
+    (directory,) = home.glob("opmagic/v1/prefix/*/")
+    return directory
+
+
+def _home_with_core_headers(home: Path, core_headers: Path) -> Path:
+    """``home`` as a fresh cache home that holds a copy of the core headers precompiled: what
+    a test checks there is not the precompile, which would cost ~20 s of CPU in the
+    background for each fresh home (a copy, not a link: tests damage and chmod it)."""
+    shutil.copytree(core_headers, home / "opmagic" / "v1" / "prefix" / core_headers.name)
+    return home
+
+
+@pytest.fixture(scope="module")
 def other_library(build_cache) -> Path:
     """A published library of another source (to put in place of a damaged one)."""
     library = compile_library(op_source("cf_other"), progress=None)
@@ -293,10 +313,11 @@ def test_a_full_disk_is_named_and_disables_nothing(tmp_path):
 
 
 def test_a_damaged_precompiled_header_is_rebuilt_and_force_rebuilds_a_forged_one(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, core_headers
 ):
+    _home_with_core_headers(tmp_path, core_headers)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # precompiled headers of its own
-    precompile_headers([op_source("cf_pch_first")])
+    precompile_headers([op_source("cf_pch_first")])  # they are: nothing to do
     libraries = [compile_library(op_source("cf_pch_first"), progress=None)]
     assert libraries[0].build.precompiled
     (precompiled,) = tmp_path.glob("opmagic/v1/prefix/*/prefix.h.gch")
@@ -405,8 +426,8 @@ def _without_root_overrides() -> tuple[str, ...]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["tmp", "libs"])
-def test_a_cache_directory_it_may_not_write_is_named(tmp_path, target):
-    home = tmp_path / "home"
+def test_a_cache_directory_it_may_not_write_is_named(tmp_path, target, core_headers):
+    home = _home_with_core_headers(tmp_path / "home", core_headers)
     env = {"XDG_CACHE_HOME": str(home)}
     assert _build_in_child(op_source("cf_perm_first"), (), env)["value"] == 2.0
     directory = home / "opmagic" / "v1" / target
@@ -422,12 +443,11 @@ def test_a_cache_directory_it_may_not_write_is_named(tmp_path, target):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["library", "its directory", "the precompiled header"])
-def test_an_unreadable_artefact_is_rebuilt_with_a_note(tmp_path, target):
-    home = tmp_path / "home"
+def test_an_unreadable_artefact_is_rebuilt_with_a_note(tmp_path, target, core_headers):
+    home = _home_with_core_headers(tmp_path / "home", core_headers)
     env = {"XDG_CACHE_HOME": str(home)}
     source = op_source("cf_unreadable")
-    with_header = target == "the precompiled header"  # the core headers precompiled first
-    first = _build_in_child(source, (), env, then_precompile=with_header)
+    first = _build_in_child(source, (), env)
     library = next(Path(first["directory"]).glob("lib*.so"))
     path = {
         "library": library,
@@ -449,8 +469,8 @@ def test_an_unreadable_artefact_is_rebuilt_with_a_note(tmp_path, target):
 
 
 @pytest.mark.slow
-def test_symlinks_planted_in_the_cache_never_make_it_write_outside(tmp_path):
-    home, outside = tmp_path / "home", tmp_path / "outside"
+def test_symlinks_planted_in_the_cache_never_make_it_write_outside(tmp_path, core_headers):
+    home, outside = _home_with_core_headers(tmp_path / "home", core_headers), tmp_path / "outside"
     outside.mkdir()
     env = {"XDG_CACHE_HOME": str(home)}
     source = op_source("cf_planted")
