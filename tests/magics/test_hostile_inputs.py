@@ -10,8 +10,10 @@ reach the compiler are tested with the real one in tests/native.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -349,22 +351,33 @@ def test_generated_trace_cells_show_users_errors_with_their_frames_only(shell, s
 
 @pytest.mark.slow
 def test_a_runaway_recursion_in_a_traced_cell_shows_the_users_frames_only(shell):
-    """A fixed case, not a generated one: IPython takes ~4 s to format a RecursionError
-    (with or without %%trace), which drawn into the cells above cost minutes of CI."""
+    """A fixed case, not a generated one, under a recursion limit ~200 frames above this one:
+    IPython takes seconds to format a RecursionError of the default 3,000 frames (with or
+    without %%trace; 12-125 s in a test run), which drawn into the cells above cost minutes."""
     recursion = "def g():\n    g()\ng()"
-    _assert_trace_shows_the_users_frames_only(shell, "--view frame", ["x.sum()", recursion])
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + 200)
+    try:
+        shown = _assert_trace_shows_the_users_frames_only(
+            shell, "--view frame", ["x.sum()", recursion]
+        )
+    finally:
+        sys.setrecursionlimit(limit)
+    assert "RecursionError" in shown and "in g()" in shown, shown[-3000:]
 
 
 def _assert_trace_shows_the_users_frames_only(
     shell: Any, options: str, statements: list[str]
-) -> None:
-    """``%%trace options`` over the statements shows no opmagic frame, and earlier ops work."""
+) -> str:
+    """``%%trace options`` over the statements shows no opmagic frame, and earlier ops work;
+    returns what the cell showed."""
     cell = f"%%trace {options}\n" + "\n".join(statements) + "\n"
     with capture_output() as captured:
         shell.run_cell(cell, store_history=True)
     shown = re.sub(r"\x1b\[[0-9;]*m", "", captured.stdout + captured.stderr)
     assert not _OPMAGIC_FRAME.search(shown), f"{shown[-3000:]}\n--- cell:\n{cell}"
     _earlier_ops_work()
+    return shown
 
 
 # --------------------------------------------------------------------- the inputs of issue 12
