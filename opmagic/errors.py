@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import textwrap
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeGuard
 
 from .display import Displayable
 
@@ -45,6 +48,15 @@ class NotAnOperatorError(OpmagicError, TypeError):
 
 class ArgumentTypeError(OpmagicError, TypeError):
     """An argument of a public function that has the wrong type; the message says what it takes."""
+
+
+def is_list_of_values(value: object) -> TypeGuard[Iterable[Any]]:
+    """Whether an argument that takes several values got them as a collection: an iterable,
+    but not text or bytes (characters), a mapping (its keys) or a tensor (its slices)."""
+    if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
+        return False
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    return torch is None or not isinstance(value, torch.Tensor)
 
 
 class ArgumentValueError(OpmagicError, ValueError):

@@ -6,10 +6,13 @@ import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import torch
-
 from .._torch import custom_op_state, dispatcher
-from ..errors import ArgumentTypeError, OpmagicError, UnknownDispatchKeyError
+from ..errors import (
+    ArgumentTypeError,
+    OpmagicError,
+    UnknownDispatchKeyError,
+    is_list_of_values,
+)
 from .keys import catalogue
 from .ops import op_ref
 from .sites import label_site
@@ -170,7 +173,7 @@ def _keys(keys: Iterable[str] | str | None) -> list[str]:
             keys = list(key_catalogue.by_name)
         else:
             keys = [k.strip() for k in keys.split(",")]
-    if isinstance(keys, (bytes, bytearray, torch.Tensor)) or not isinstance(keys, Iterable):
+    if not is_list_of_values(keys):
         raise ArgumentTypeError(f"kernels: keys must be key names or 'all', got {keys!r}.")
     wanted = list(keys)
     if not all(isinstance(k, str) for k in wanted):

@@ -31,11 +31,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from ..cachedir import (
     NO_SPACE,
@@ -53,7 +51,7 @@ from ..cachedir import (
     remove_path,
     write_atomic,
 )
-from ..errors import BuildOptionError, OpmagicError
+from ..errors import BuildOptionError, OpmagicError, is_list_of_values
 from .blocks import scan_blocks
 from .compiler import run_step
 from .narrowing import NARROW_HEADERS, UMBRELLA_HEADERS, narrowable
@@ -504,7 +502,7 @@ def _checked_sources(sources: object) -> tuple[str, ...] | None:
         return None
     if isinstance(sources, str):
         return (sources,)
-    if isinstance(sources, (bytes, bytearray, torch.Tensor)) or not isinstance(sources, Iterable):
+    if not is_list_of_values(sources):
         raise BuildOptionError(
             f"sources must be a list of C++ sources (str), or None; got {sources!r:.60}."
         )

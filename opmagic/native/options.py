@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ..dispatch.ops import is_identifier
-from ..errors import BuildOptionError
+from ..errors import BuildOptionError, is_list_of_values
 from .blocks import scan_blocks
 from .flag_rules import refuse_writing_flags
 
@@ -162,7 +160,7 @@ def split_flags(flags: Sequence[str] | str, what: str) -> tuple[str, ...]:
                 f"{what} cannot be split into flags ({error}): {flags!r}. Close the quote, or "
                 "pass a list of flags."
             ) from None
-    if isinstance(flags, (bytes, bytearray, torch.Tensor)) or not isinstance(flags, Iterable):
+    if not is_list_of_values(flags):
         raise BuildOptionError(
             f"{what} must be a string of flags or a list of strings, got {flags!r}."
         )
@@ -176,7 +174,7 @@ def include_paths(directories: Sequence[str | os.PathLike] | str | os.PathLike) 
     """Include directories as strings; one path on its own is a list of one."""
     if isinstance(directories, (str, os.PathLike)):
         directories = [directories]
-    if isinstance(directories, (bytes, bytearray)) or not isinstance(directories, Iterable):
+    if not is_list_of_values(directories):
         raise BuildOptionError(f"include_dirs must be a list of directories, got {directories!r}.")
     paths = []
     for directory in directories:

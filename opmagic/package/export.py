@@ -17,14 +17,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .._torch import dispatcher
 from ..cells.history import CellEntry
 from ..cells.session import active_session
 from ..dispatch import DispatchTable, dispatch_table
 from ..display import Displayable
-from ..errors import ArgumentTypeError, ExportError
+from ..errors import ArgumentTypeError, ExportError, is_list_of_values
 from .layout import (
     MANIFEST,
     abi_of,
@@ -218,7 +216,7 @@ def _checked_arguments(
         raise ArgumentTypeError(f"export: overwrite must be True or False, got {overwrite!r:.60}.")
     numbers = None
     if cells is not None:
-        if isinstance(cells, (str, bytes, torch.Tensor)) or not isinstance(cells, Iterable):
+        if not is_list_of_values(cells):
             raise ArgumentTypeError(
                 f"export: cells must be cell numbers, e.g. [3, 5], got {cells!r:.60}."
             )
@@ -316,9 +314,7 @@ def _operators(
     return [op for op in operators if op.schema]
 
 
-def _operator(
-    name: str, cell: str, source: str, cuda_only: bool, triton: bool = False
-) -> Operator:
+def _operator(name: str, cell: str, source: str, cuda_only: bool, triton: bool = False) -> Operator:
     """An operator as it is now: its schema, and whether it has a fake."""
     qualname, _, overload = name.partition(".")
     schema = dispatcher.find_schema(qualname, overload)
@@ -348,8 +344,10 @@ def _exported_cell(
             if native.explicit:
                 shown = [line.removeprefix("#include ") for line in native.explicit]
                 notes.append(f"made explicit: {', '.join(shown)}")
-    if python is not None and entry.label in python.cells and any(
-        s.kind in PYTHON_KINDS for s in entry.sources
+    if (
+        python is not None
+        and entry.label in python.cells
+        and any(s.kind in PYTHON_KINDS for s in entry.sources)
     ):
         files.append(f"{name}/ops.py")
     if entry.failed_rerun:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +15,7 @@ from ..dispatch.ops import op_ref
 from ..dispatch.resolve.binding import select_overload
 from ..dispatch.torch_functions import unbind
 from ..display import Displayable
-from ..errors import ArgumentTypeError
+from ..errors import ArgumentTypeError, is_list_of_values
 from .values import describe_arguments, first_line
 
 
@@ -58,7 +58,7 @@ def check_op(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None)
     Failures are rows of the report, not exceptions; an ``op`` or arguments that cannot be
     checked raise an :class:`~opmagic.errors.OpmagicError` naming them.
     """
-    if isinstance(args, (str, bytes, dict, torch.Tensor)) or not isinstance(args, Iterable):
+    if not is_list_of_values(args):
         raise ArgumentTypeError(
             f"check_op: args must be the sample arguments as a tuple or list, got {args!r}; "
             "write (x,) for one argument."

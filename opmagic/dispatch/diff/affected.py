@@ -9,14 +9,12 @@ recorded, or from resolving ``(op, args)`` now.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ...display import Displayable
-from ...errors import ArgumentTypeError, OpmagicError
+from ...errors import ArgumentTypeError, OpmagicError, is_list_of_values
 from ..ops import op_ref
 from ..resolve import Step, resolve
 from ..table import OperatorTable
@@ -103,7 +101,7 @@ def _visits(calls: Any, skipped: list[str]) -> Iterator[tuple[str, tuple[Step, .
     if isinstance(calls, TracedCall):
         yield from _visits_of_call(calls)
         return
-    if isinstance(calls, (str, bytes, torch.Tensor)) or not isinstance(calls, Iterable):
+    if not is_list_of_values(calls):
         raise ArgumentTypeError(_USAGE.format(type(calls).__name__))
     for item in calls:
         if isinstance(item, TracedCall):

@@ -29,7 +29,7 @@ from ...cells.history import CheckSample
 from ...cells.session import active_session
 from ...dispatch.ops import op_ref, overloads_of
 from ...dispatch.torch_functions import unbind
-from ...errors import ArgumentTypeError
+from ...errors import ArgumentTypeError, is_list_of_values
 from ..checks import checked_operator, gradcheck_row
 from ..compare.progress import ProgressCallback, Reporter
 from . import compiled, rungs
@@ -170,9 +170,7 @@ def _selected(rungs_asked: Iterable[str] | None, until: str | None) -> set[str]:
     if rungs_asked is not None:
         if isinstance(rungs_asked, str):
             rungs_asked = [rungs_asked]
-        if not isinstance(rungs_asked, Iterable) or isinstance(
-            rungs_asked, (bytes, dict, torch.Tensor)
-        ):
+        if not is_list_of_values(rungs_asked):
             raise ArgumentTypeError(
                 f"doctor: rungs must be rung names, got {type(rungs_asked).__name__} "
                 f"{rungs_asked!r:.60}; the rungs are {', '.join(RUNG_NAMES)}."

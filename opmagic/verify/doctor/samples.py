@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ...dispatch.ops import op_parameters, op_ref
-from ...errors import ArgumentTypeError
+from ...errors import ArgumentTypeError, is_list_of_values
 from ..samples import call_arguments, plan_arguments
 from ..values import describe_arguments
 
@@ -60,7 +60,7 @@ def given_samples(
         return [Sample(tuple(args), dict(kwargs))] if args or kwargs else None
     if args or kwargs:
         raise ArgumentTypeError("doctor: give the call's arguments or samples=[...], not both.")
-    if isinstance(samples, (str, bytes, dict, torch.Tensor)) or not isinstance(samples, Iterable):
+    if not is_list_of_values(samples):
         raise ArgumentTypeError(
             f"doctor: samples must be an iterable of (args, kwargs) pairs or argument "
             f"tuples, got {type(samples).__name__} {samples!r:.60}."
