@@ -69,17 +69,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         _slowest_groups_first(items)
 
 
-# Under pytest-xdist (``-n 2``: CI), modules are handed out whole and the browser's and the
-# notebooks' tests as one group each: a module's fixtures (a shell that compiled, a child that
-# ran every crash case) and a session's JupyterLab or executed notebooks are made once. Groups
-# with more slow tests go first, so that the longest ones do not start last.
-_ONE_GROUP = ("tests/browser/", "tests/notebooks/")
+# Under pytest-xdist (``-n 2``: CI), modules are handed out whole, and the browser's and the
+# notebooks' tests together as one group: a module's fixtures (a shell that compiled, a child
+# that ran every crash case) and a session's JupyterLab are made once, and the notebook tests
+# read the outputs of the notebooks the browser's tests ran (tests/notebooks/lab_runs.py).
+# Groups with more slow tests go first, so that the longest ones do not start last.
+_NOTEBOOK_GROUP = ("tests/browser/", "tests/notebooks/")
 
 
 def _group(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module, or one of :data:`_ONE_GROUP`."""
+    """The unit of work a test belongs to: its module, or the notebooks' group."""
     path = nodeid.split("::", 1)[0]
-    return next((group for group in _ONE_GROUP if path.startswith(group)), path)
+    return _NOTEBOOK_GROUP[0] if path.startswith(_NOTEBOOK_GROUP) else path
 
 
 @pytest.hookimpl(optionalhook=True)

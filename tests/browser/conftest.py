@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from ..notebooks.lab_runs import RAN_IN_LAB
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 ARTIFACTS = ROOT / "build" / "browser"
@@ -311,6 +313,9 @@ _RUN_CELL = f"""async ([index, source, ms]) => {{
   }};
 }}"""
 
+# the notebook in the main area as JupyterLab would save it (nbformat JSON, outputs included)
+_CONTENT = "() => window.jupyterapp.shell.currentWidget.context.model.toJSON()"
+
 # closes the notebook in the main area and shuts its kernel down
 _CLOSE = """async () => {
   const panel = window.jupyterapp.shell.currentWidget;
@@ -360,11 +365,14 @@ class RanNotebook:
 
 def run_all(page: Any, name: str) -> RanNotebook:
     """Open ``notebooks/<name>.ipynb`` in a fresh kernel and run every cell as "Run All"
-    does; returns once the run has ended."""
+    does; returns once the run has ended, its outputs recorded for the notebook tests
+    (:data:`~tests.notebooks.lab_runs.RAN_IN_LAB`)."""
     page.evaluate(_OPEN, [f"{name}.ipynb", PAGE_S * 1000])
     started = time.monotonic()
     page.evaluate(_RUN_ALL, RUN_ALL_S * 1000)
-    return RanNotebook(name, page, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    RAN_IN_LAB[name] = page.evaluate(_CONTENT)  # what the notebook tests read
+    return RanNotebook(name, page, seconds)
 
 
 @pytest.fixture(scope="session")
