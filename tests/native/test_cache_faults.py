@@ -20,7 +20,7 @@ from opmagic._torch import op_observer
 from opmagic.cachedir import artifact_problem, artifact_record, remove_path
 from opmagic.native import compile_library, precompile_headers
 
-from .sources import op_source
+from .sources import op_source, stable_op_source
 
 pytestmark = pytest.mark.slow  # compiles C++
 
@@ -297,12 +297,14 @@ def test_a_full_disk_is_named_and_disables_nothing(tmp_path):
     home = tmp_path / "small"
     home.mkdir()
     env = {"XDG_CACHE_HOME": str(home), "TMPDIR": str(home)}
-    # 20 MB: the library fits, a precompiled header (about 300 MB) does not: neither the
-    # background precompile the build starts nor the one precompile_headers then runs
-    full = _build_in_child(op_source("cf_full"), _full_disk("20m", home), env, then_precompile=True)
+    # 20 MB: the library fits, a precompiled header (the stable set's, about 80 MB) does not:
+    # neither the background precompile the build starts nor the one precompile_headers runs
+    full = _build_in_child(
+        stable_op_source("cf_full"), _full_disk("20m", home), env, then_precompile=True
+    )
     assert full["error"] == "CacheFullError", full
     assert "No space left on device" in full["message"]
-    assert "precompiling the core torch headers" in full["message"]
+    assert "precompiling the stable torch headers" in full["message"]
     assert full["failed"] == []  # the next build precompiles them again
     # without precompiled headers the library's own files do not fit in 200 KB
     tiny = _build_in_child(
@@ -313,19 +315,20 @@ def test_a_full_disk_is_named_and_disables_nothing(tmp_path):
 
 
 def test_a_damaged_precompiled_header_is_rebuilt_and_force_rebuilds_a_forged_one(
-    tmp_path, monkeypatch, core_headers
+    tmp_path, monkeypatch
 ):
-    _home_with_core_headers(tmp_path, core_headers)
+    """On the stable-ABI headers: the smallest set, precompiled in ~5 s (the core set: ~20 s,
+    and the background rebuild is waited for)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # precompiled headers of its own
-    precompile_headers([op_source("cf_pch_first")])  # they are: nothing to do
-    libraries = [compile_library(op_source("cf_pch_first"), progress=None)]
+    precompile_headers([stable_op_source("cf_pch_first")])
+    libraries = [compile_library(stable_op_source("cf_pch_first"), progress=None)]
     assert libraries[0].build.precompiled
     (precompiled,) = tmp_path.glob("opmagic/v1/prefix/*/prefix.h.gch")
     try:
         precompiled.write_bytes(precompiled.read_bytes()[:1000])  # GCC: "cannot read PCH file"
-        libraries.append(compile_library(op_source("cf_pch_truncated"), progress=None))
+        libraries.append(compile_library(stable_op_source("cf_pch_truncated"), progress=None))
         build = libraries[-1].build  # built without it (removed), rebuilt in the background
-        assert "precompiled core headers damaged" in build.repaired, build.repaired
+        assert "precompiled stable headers damaged" in build.repaired, build.repaired
         assert "rebuilding in the background" in build.repaired
         assert not build.precompiled
         marker = precompiled.with_name("precompiling.pid")
@@ -333,8 +336,8 @@ def test_a_damaged_precompiled_header_is_rebuilt_and_force_rebuilds_a_forged_one
             time.sleep(0.2)
         record = json.loads(precompiled.with_name("precompiled.json").read_text())
         assert artifact_problem(precompiled, record, rehash=True) is None  # its record is true
-        precompile_headers([op_source("cf_pch_first")])  # nothing left to do
-        libraries.append(compile_library(op_source("cf_pch_after"), progress=None))
+        precompile_headers([stable_op_source("cf_pch_first")])  # nothing left to do
+        libraries.append(compile_library(stable_op_source("cf_pch_after"), progress=None))
         assert libraries[-1].build.precompiled and not libraries[-1].build.repaired
 
         _flip_bytes(precompiled)  # GCC crashes on it; the record is forged to match its stat
@@ -346,7 +349,9 @@ def test_a_damaged_precompiled_header_is_rebuilt_and_force_rebuilds_a_forged_one
             precompiled.stat().st_ctime_ns,
         ]
         record_file.write_text(json.dumps(record))
-        libraries.append(compile_library(op_source("cf_pch_forged"), force=True, progress=None))
+        libraries.append(
+            compile_library(stable_op_source("cf_pch_forged"), force=True, progress=None)
+        )
         assert "SHA-256 differs" in libraries[-1].build.repaired
         assert not libraries[-1].build.precompiled  # GCC never read the forged one
     finally:
@@ -558,7 +563,7 @@ def test_a_precompile_killed_by_the_oom_killer_is_tried_again_once_per_process(t
     for action in ("kill", "build"):  # the second: a new process
         result = subprocess.run(
             [sys.executable, "-c", _KILLED_CHILD, action],
-            input=op_source("cf_killed"),
+            input=stable_op_source("cf_killed"),  # the smallest set: its builds are quick
             capture_output=True,
             text=True,
             env=env,
