@@ -19,7 +19,7 @@ from opmagic.errors import CompileError
 from opmagic.native import compile_library
 from opmagic.native.inputs import dependency_names
 
-from .sources import stable_op_source
+from .sources import stable_scale_source
 
 
 def test_dependency_files_are_read_as_make_reads_them(tmp_path):
@@ -37,25 +37,10 @@ def test_dependency_files_are_read_as_make_reads_them(tmp_path):
     assert dependency_names(tmp_path / "missing.d") == []
 
 
-def _scale_kernel(value: str, before: str = "") -> str:
-    """A stable-ABI kernel ``scale`` whose result is filled with ``value``, after ``before``."""
-    return (
-        f"{before}torch::stable::Tensor scale(const torch::stable::Tensor& x) {{\n"
-        f"  return torch::stable::fill_(torch::stable::empty_like(x), {value});\n"
-        "}"
-    )
-
-
 def _scaling_source(namespace: str, include: str = "", *, value: str = "SCALE") -> str:
-    """A library whose op returns ``SCALE``, a macro some header defines.
-
-    On the stable-ABI headers: builds with flags or an environment of their own (most here)
-    compile without precompiled headers, which the stable set does in a third of the core
-    set's time."""
-    kernel = _scale_kernel(value, include)
-    return stable_op_source(
-        namespace, schema="scale(Tensor x) -> Tensor", kernel=kernel, op="scale"
-    )
+    """A library whose op returns ``SCALE``, a macro some header defines (stable-ABI: most
+    builds here have flags or an environment of their own, so no precompiled headers)."""
+    return stable_scale_source(namespace, value, include)
 
 
 def _scale(namespace: str) -> float:

@@ -20,7 +20,7 @@ from opmagic._torch import op_observer
 from opmagic.cachedir import artifact_problem, artifact_record, remove_path
 from opmagic.native import compile_library, precompile_headers
 
-from .sources import op_source, stable_op_source
+from .sources import op_source, stable_op_source, stable_scale_source
 
 pytestmark = pytest.mark.slow  # compiles C++
 
@@ -95,22 +95,23 @@ def _damage(kind: str, library: Path, other: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def core_headers(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The core headers (what ``op_source`` includes) precompiled once, in a home of their own:
-    the one prefix directory there."""
-    home = tmp_path_factory.mktemp("core-headers")
+def stable_headers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stable-ABI headers (what ``stable_scale_source`` includes: the smallest set)
+    precompiled once, in a home of their own: the one prefix directory there."""
+    home = tmp_path_factory.mktemp("stable-headers")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(home))
-        precompile_headers([op_source("cf_core")])
+        precompile_headers([stable_scale_source("cf_stable")])
     (directory,) = home.glob("opmagic/v1/prefix/*/")
     return directory
 
 
-def _home_with_core_headers(home: Path, core_headers: Path) -> Path:
-    """``home`` as a fresh cache home that holds a copy of the core headers precompiled: what
-    a test checks there is not the precompile, which would cost ~20 s of CPU in the
-    background for each fresh home (a copy, not a link: tests damage and chmod it)."""
-    shutil.copytree(core_headers, home / "opmagic" / "v1" / "prefix" / core_headers.name)
+def _home_with_headers(home: Path, stable_headers: Path) -> Path:
+    """``home`` as a fresh cache home that holds a copy of the stable headers precompiled:
+    what a test checks there is not the precompile, which would cost a compile without
+    headers and a background precompile for each fresh home (a copy, not a link: tests
+    damage and chmod it)."""
+    shutil.copytree(stable_headers, home / "opmagic" / "v1" / "prefix" / stable_headers.name)
     return home
 
 
@@ -431,14 +432,16 @@ def _without_root_overrides() -> tuple[str, ...]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["tmp", "libs"])
-def test_a_cache_directory_it_may_not_write_is_named(tmp_path, target, core_headers):
-    home = _home_with_core_headers(tmp_path / "home", core_headers)
+def test_a_cache_directory_it_may_not_write_is_named(tmp_path, target, stable_headers):
+    home = _home_with_headers(tmp_path / "home", stable_headers)
     env = {"XDG_CACHE_HOME": str(home)}
-    assert _build_in_child(op_source("cf_perm_first"), (), env)["value"] == 2.0
+    assert _build_in_child(stable_scale_source("cf_perm_first"), (), env)["value"] == 2.0
     directory = home / "opmagic" / "v1" / target
     directory.chmod(0o500)
     try:
-        report = _build_in_child(op_source("cf_perm_" + target), _without_root_overrides(), env)
+        report = _build_in_child(
+            stable_scale_source("cf_perm_" + target), _without_root_overrides(), env
+        )
     finally:
         directory.chmod(0o700)
     assert report["error"] == "CacheDirectoryError", report
@@ -448,10 +451,10 @@ def test_a_cache_directory_it_may_not_write_is_named(tmp_path, target, core_head
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["library", "its directory", "the precompiled header"])
-def test_an_unreadable_artefact_is_rebuilt_with_a_note(tmp_path, target, core_headers):
-    home = _home_with_core_headers(tmp_path / "home", core_headers)
+def test_an_unreadable_artefact_is_rebuilt_with_a_note(tmp_path, target, stable_headers):
+    home = _home_with_headers(tmp_path / "home", stable_headers)
     env = {"XDG_CACHE_HOME": str(home)}
-    source = op_source("cf_unreadable")
+    source = stable_scale_source("cf_unreadable")
     first = _build_in_child(source, (), env)
     library = next(Path(first["directory"]).glob("lib*.so"))
     path = {
@@ -462,7 +465,9 @@ def test_an_unreadable_artefact_is_rebuilt_with_a_note(tmp_path, target, core_he
     path.chmod(0)
     try:
         report = _build_in_child(
-            op_source("cf_unreadable_2") if target == "the precompiled header" else source,
+            stable_scale_source("cf_unreadable_2")
+            if target == "the precompiled header"
+            else source,
             _without_root_overrides(),
             env,
         )
@@ -474,11 +479,11 @@ def test_an_unreadable_artefact_is_rebuilt_with_a_note(tmp_path, target, core_he
 
 
 @pytest.mark.slow
-def test_symlinks_planted_in_the_cache_never_make_it_write_outside(tmp_path, core_headers):
-    home, outside = _home_with_core_headers(tmp_path / "home", core_headers), tmp_path / "outside"
+def test_symlinks_planted_in_the_cache_never_make_it_write_outside(tmp_path, stable_headers):
+    home, outside = _home_with_headers(tmp_path / "home", stable_headers), tmp_path / "outside"
     outside.mkdir()
     env = {"XDG_CACHE_HOME": str(home)}
-    source = op_source("cf_planted")
+    source = stable_scale_source("cf_planted")
     first = _build_in_child(source, (), env)
     directory = Path(first["directory"])
     (directory / "probe.json").unlink()  # the next load probes again, and records it
@@ -490,13 +495,17 @@ def test_symlinks_planted_in_the_cache_never_make_it_write_outside(tmp_path, cor
     assert again["cached"] and again["value"] == 2.0
     broken = "-include /nonexistent/opmagic.h"  # the compile and its precompile fail at once
     known = set(home.glob("opmagic/v1/prefix/*/"))
-    assert _build_in_child(op_source("cf_planted_1"), (), env, extra_cflags=broken)["error"]
+    assert _build_in_child(stable_scale_source("cf_planted_1"), (), env, extra_cflags=broken)[
+        "error"
+    ]
     _wait_for_background_precompiles(home)
     (prefix,) = set(home.glob("opmagic/v1/prefix/*/")) - known  # that of the broken flags
     (prefix / "failed.log").unlink()  # it failed: the next build of those flags tries again
     for name in ("precompiling.log", "failed.log.partial", "precompiled.json.partial"):
         (prefix / name).symlink_to(outside / name)
-    assert _build_in_child(op_source("cf_planted_2"), (), env, extra_cflags=broken)["error"]
+    assert _build_in_child(stable_scale_source("cf_planted_2"), (), env, extra_cflags=broken)[
+        "error"
+    ]
     _wait_for_background_precompiles(home)
     assert (prefix / "failed.log").is_file()  # it wrote what it writes, where it belongs
     assert sorted(p.name for p in outside.rglob("*")) == ["loads"]  # nothing written outside

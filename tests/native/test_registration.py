@@ -194,7 +194,6 @@ def test_registration_sites_are_named_while_their_library_is_registered(loaded):
     assert "cell [" not in label_site(edited_site)
 
 
-
 def test_a_source_two_registered_libraries_share_is_named_until_both_are_closed(loaded):
     source = MINIMAL_INCLUDES + "TORCH_LIBRARY_FRAGMENT(reg_shared, m) {}\n"
     one = compile_library(source, label="cell [1]", progress=None)
